@@ -1,0 +1,1 @@
+"""Built-in backend plugins (numpy reference, torch)."""

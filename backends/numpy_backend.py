@@ -1,0 +1,126 @@
+"""The numpy reference backend: float32 everywhere, every op written as plainly as possible.
+
+Every other backend is tested against this one. It favours obviousness over speed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from tessera.backend import Backend, BackendInfo
+from tessera.errors import UnknownBackendError
+from tessera.hookspecs import hookimpl
+
+TESSERA_PLUGIN_API = 1
+
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    device = "cpu"
+    dtype = "f32"
+
+    def from_numpy(self, a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a)
+        return a.astype(np.float32) if a.dtype.kind == "f" else a.copy()
+
+    def to_numpy(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x, dtype=np.float32)
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def load_weight(self, raw: Any, qtype: Any) -> np.ndarray:
+        self.record(raw.name, "dequantize", f"{qtype.name} decoded to f32 (reference backend)")
+        return qtype.dequantize_tensor(raw.data, raw.shape)
+
+    def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return x @ w.T
+
+    def get_rows(self, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return w[np.asarray(ids)]
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a + b
+
+    def mul(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return a * b
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
+    def rms_norm(self, x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y if weight is None else y * weight
+
+    def layer_norm(self, x, weight, bias, eps):
+        mean = x.mean(axis=-1, keepdims=True)
+        var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+        y = (x - mean) / np.sqrt(var + eps)
+        if weight is not None:
+            y = y * weight
+        if bias is not None:
+            y = y + bias
+        return y
+
+    def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
+        half = n_rot // 2
+        inv_freq = freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+        angle = np.asarray(positions, dtype=np.float64)[:, None] * freq_scale * inv_freq
+        cos = np.cos(angle).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        out = x.copy()
+        if neox:
+            a, b = x[..., :half], x[..., half:n_rot]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:n_rot] = a * sin + b * cos
+        else:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            out[..., 0:n_rot:2] = a * cos - b * sin
+            out[..., 1:n_rot:2] = a * sin + b * cos
+        return out
+
+    def silu(self, x):
+        return x / (1.0 + np.exp(-x))
+
+    def gelu(self, x):
+        c = math.sqrt(2.0 / math.pi)
+        return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
+
+    def swiglu(self, gate, up):
+        return self.silu(gate) * up
+
+    def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
+        n_tokens, n_head, _ = q.shape
+        n_head_kv = k_cache.shape[1]
+        group = n_head // n_head_kv
+        k = np.repeat(k_cache[:n_kv], group, axis=1)  # (n_kv, Hq, D)
+        v = np.repeat(v_cache[:n_kv], group, axis=1)
+        scores = np.einsum("thd,shd->hts", q, k) * np.float32(scale)
+        scores = np.where(mask[None], scores, -np.inf)
+        peak = scores.max(axis=-1, keepdims=True)
+        peak = np.where(np.isfinite(peak), peak, 0.0)
+        weights = np.exp(scores - peak)
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+        out = np.einsum("hts,shd->thd", weights, v)
+        return out.reshape(n_tokens, -1).astype(np.float32)
+
+    def set_rows(self, dst, rows, src):
+        dst[np.asarray(rows)] = src
+
+
+def create(device: str | None = None, dtype: str | None = None) -> NumpyBackend:
+    if device not in (None, "cpu") or dtype not in (None, "f32"):
+        raise UnknownBackendError(
+            f"the numpy backend runs only on the cpu in f32 (asked for device={device!r}, "
+            f"dtype={dtype!r}); use --backend torch for other devices or dtypes"
+        )
+    return NumpyBackend()
+
+
+@hookimpl
+def tessera_register_backends(register):
+    register(BackendInfo("numpy", create, "float32 reference, every op"))

@@ -1,0 +1,13 @@
+"""tessera: an LLM inference runtime built as a small core plus plugins.
+
+The core holds the hook specs (:mod:`tessera.hookspecs`), the plugin manager, loading,
+tokenizer, KV cache, batching, sampling and the engine. Every feature — backends,
+architectures, quantization types, CLI commands — is a plugin found through the
+``tessera`` entry-point group.
+"""
+
+__version__ = "0.1.0"
+
+#: Version of the plugin API. A plugin module declares the version it was written for as
+#: ``TESSERA_PLUGIN_API = 1``; the loader refuses a plugin whose major version differs.
+PLUGIN_API_VERSION = 1

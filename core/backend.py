@@ -1,0 +1,192 @@
+"""The backend contract: the op set that architectures call, and the capability probe.
+
+A backend owns arrays of its own kind (numpy arrays, torch tensors ...) in one compute
+dtype. Architectures build their forward pass only from the methods below, so any backend
+that implements them runs every architecture. Shapes use numpy order; ``T`` is the number
+of token rows in the ubatch, ``H`` heads, ``D`` head size, ``C`` KV-cache cells.
+
+Before it takes an optional path, the core asks ``supports(op, **attrs)`` with the op's
+real parameters; a backend answers False for what it cannot do and the core falls back.
+Every path taken is recorded with its reason in :attr:`Backend.placements`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+if TYPE_CHECKING:
+    from tessera.gguf_file import RawTensor
+    from tessera.quant import QuantType
+
+#: The ops every backend implements (the conformance kit checks each one).
+CORE_OPS = (
+    "matmul",
+    "get_rows",
+    "add",
+    "mul",
+    "scale",
+    "rms_norm",
+    "layer_norm",
+    "rope",
+    "silu",
+    "gelu",
+    "swiglu",
+    "attention",
+    "set_rows",
+)
+
+
+@attrs.frozen
+class BackendInfo:
+    """What a backend plugin registers: a name and a factory ``create(device, dtype)``.
+
+    ``device`` is ``None`` (the best device the backend has) or e.g. ``"cpu"``, ``"cuda:0"``;
+    ``dtype`` is ``None`` (the backend's choice, e.g. bf16 where bf16 matmul is fast) or
+    ``"f32"`` / ``"bf16"`` / ``"f16"``. ``create`` raises
+    :class:`tessera.errors.UnknownBackendError` when it cannot run with those settings.
+    """
+
+    name: str
+    create: Callable[..., Backend] = attrs.field(eq=False, repr=False)
+    description: str = ""
+
+
+class Backend(ABC):
+    """Base class of compute backends. Subclasses implement every abstract op."""
+
+    #: Registered name, e.g. ``"numpy"``.
+    name: str = ""
+    #: Device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+    device: str = "cpu"
+    #: Compute dtype of activations and the KV cache: ``"f32"``, ``"bf16"`` or ``"f16"``.
+    dtype: str = "f32"
+
+    def __init__(self) -> None:
+        #: ``(what, path, reason)`` for every decision the backend made (weights, ops).
+        self.placements: list[tuple[str, str, str]] = []
+
+    # -- capability probe ------------------------------------------------------------
+
+    def supports(self, op: str, **attrs: Any) -> bool:
+        """Whether this backend can run ``op`` with these parameters (dtypes, shapes ...).
+
+        The default answers True for every op in :data:`CORE_OPS`; backends override it
+        to decline optional ops or parameter combinations they cannot handle.
+        """
+        return op in CORE_OPS
+
+    def record(self, what: str, path: str, reason: str) -> None:
+        """Note which path was taken for ``what`` and why (shown by ``tessera plugins``)."""
+        self.placements.append((what, path, reason))
+
+    # -- arrays ----------------------------------------------------------------------
+
+    @abstractmethod
+    def from_numpy(self, a: np.ndarray) -> Any:
+        """A backend array with the values of ``a``: floats in the compute dtype, ints kept."""
+
+    @abstractmethod
+    def to_numpy(self, x: Any) -> np.ndarray:
+        """The values of backend array ``x`` as a numpy array (floats as float32)."""
+
+    @abstractmethod
+    def zeros(self, shape: tuple[int, ...]) -> Any:
+        """A zero-filled array in the compute dtype (used for the KV cache, made once)."""
+
+    @abstractmethod
+    def load_weight(self, raw: RawTensor, qtype: QuantType) -> Any:
+        """Make a model weight usable by :meth:`matmul` and :meth:`get_rows`.
+
+        ``qtype`` decodes ``raw``. A backend may keep quantized weights quantized (its own
+        packed layout) or dequantize them. A 1-D weight (norm scale, bias) must come back
+        as a plain array in the compute dtype, so it can be passed to :meth:`add`,
+        :meth:`mul`, :meth:`rms_norm` ...
+        """
+
+    # -- ops -------------------------------------------------------------------------
+
+    @abstractmethod
+    def matmul(self, x: Any, w: Any) -> Any:
+        """``x @ W.T``: ``x`` is ``(T, n_in)``, ``w`` a loaded weight of ``(n_out, n_in)``."""
+
+    @abstractmethod
+    def get_rows(self, w: Any, ids: np.ndarray) -> Any:
+        """Rows ``ids`` of loaded weight ``w`` (an embedding lookup), in the compute dtype."""
+
+    @abstractmethod
+    def add(self, a: Any, b: Any) -> Any:
+        """Elementwise ``a + b`` with numpy broadcasting."""
+
+    @abstractmethod
+    def mul(self, a: Any, b: Any) -> Any:
+        """Elementwise ``a * b`` with numpy broadcasting."""
+
+    @abstractmethod
+    def scale(self, x: Any, s: float) -> Any:
+        """``x * s`` for a Python float ``s``."""
+
+    @abstractmethod
+    def rms_norm(self, x: Any, weight: Any | None, eps: float) -> Any:
+        """``x / sqrt(mean(x**2, -1) + eps) * weight`` over the last axis (weight optional)."""
+
+    @abstractmethod
+    def layer_norm(self, x: Any, weight: Any | None, bias: Any | None, eps: float) -> Any:
+        """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last axis."""
+
+    @abstractmethod
+    def rope(
+        self,
+        x: Any,
+        positions: np.ndarray,
+        n_rot: int,
+        freq_base: float,
+        neox: bool,
+        freq_scale: float = 1.0,
+    ) -> Any:
+        """Rotary position embedding of ``x`` ``(T, H, D)`` at integer ``positions`` ``(T,)``.
+
+        The first ``n_rot`` values of each head are rotated with angle
+        ``pos * freq_scale * freq_base ** (-2i / n_rot)`` for pair ``i``; the rest pass
+        through. ``neox=False`` pairs adjacent values ``(2i, 2i+1)`` (GGML's normal mode,
+        used by the ``llama`` arch); ``neox=True`` pairs ``(i, i + n_rot/2)``.
+        """
+
+    @abstractmethod
+    def silu(self, x: Any) -> Any:
+        """``x * sigmoid(x)``."""
+
+    @abstractmethod
+    def gelu(self, x: Any) -> Any:
+        """GELU with the tanh approximation (as GGML's ``gelu``)."""
+
+    @abstractmethod
+    def swiglu(self, gate: Any, up: Any) -> Any:
+        """``silu(gate) * up``."""
+
+    @abstractmethod
+    def attention(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        n_kv: int,
+        mask: np.ndarray,
+        scale: float,
+    ) -> Any:
+        """Masked softmax attention of queries over the first ``n_kv`` cache cells.
+
+        ``q`` is ``(T, Hq, D)``; ``k_cache`` ``(C, Hkv, D)`` and ``v_cache`` ``(C, Hkv, Dv)``
+        with ``Hq`` a multiple of ``Hkv`` (grouped-query attention: query head ``h`` reads
+        KV head ``h // (Hq // Hkv)``). ``mask`` is a numpy bool ``(T, n_kv)``, True where
+        the query may attend. A query row with no allowed cell yields zeros. Returns
+        ``(T, Hq * Dv)``.
+        """
+
+    @abstractmethod
+    def set_rows(self, dst: Any, rows: np.ndarray, src: Any) -> None:
+        """In place: ``dst[rows] = src`` (writes new K/V into cache cells)."""

@@ -1,0 +1,31 @@
+"""Exceptions a user can act on. The CLI prints their message as one line and exits non-zero."""
+
+
+class TesseraError(Exception):
+    """Base class: the message names the problem and the way out."""
+
+    exit_code = 1
+
+
+class ModelFileError(TesseraError):
+    """A model file is missing, not a GGUF, truncated or otherwise unreadable."""
+
+
+class UnknownArchitectureError(TesseraError):
+    """No installed architecture plugin handles the model's architecture."""
+
+
+class UnknownQuantTypeError(TesseraError):
+    """No installed quantization plugin handles a tensor's type."""
+
+
+class UnknownBackendError(TesseraError):
+    """The requested backend is not installed or not usable on this machine."""
+
+
+class ContextOverflowError(TesseraError):
+    """A prompt or batch does not fit in the context window."""
+
+
+class PluginError(TesseraError):
+    """A plugin failed to import or register (raised only in strict mode)."""

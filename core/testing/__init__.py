@@ -1,0 +1,1 @@
+"""Tools for testing tessera and its plugins: random-weight model files and conformance kits."""

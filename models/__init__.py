@@ -1,0 +1,1 @@
+"""Built-in architecture plugins, one module per model family."""

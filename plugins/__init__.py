@@ -1,0 +1,1 @@
+"""Built-in feature plugins: quantization types, CLI commands, conversion ..."""
