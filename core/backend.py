@@ -13,7 +13,7 @@ Every path taken is recorded with its reason in :attr:`Backend.placements`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -21,7 +21,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from tessera.gguf_file import RawTensor
-    from tessera.quant import QuantType
+    from tessera.quant import QuantType, WeightKernel
 
 #: The ops every backend implements (the conformance kit checks each one).
 CORE_OPS = (
@@ -80,6 +80,16 @@ class Backend(ABC):
         """
         return op in CORE_OPS
 
+    def use_kernels(self, kernels: Mapping[tuple[str, str], WeightKernel]) -> None:
+        """Receive the registered weight kernels, keyed by ``(backend name, quant type name)``.
+
+        Called by the loader before any :meth:`load_weight`. The default ignores them
+        (a backend that never keeps weights quantized needs none).
+        """
+
+    def set_threads(self, n_threads: int) -> None:
+        """Use ``n_threads`` CPU threads (``-t``); backends without a thread pool ignore it."""
+
     def record(self, what: str, path: str, reason: str) -> None:
         """Note which path was taken for ``what`` and why (shown by ``tessera plugins``)."""
         self.placements.append((what, path, reason))
@@ -116,7 +126,11 @@ class Backend(ABC):
 
     @abstractmethod
     def get_rows(self, w: Any, ids: np.ndarray) -> Any:
-        """Rows ``ids`` of loaded weight ``w`` (an embedding lookup), in the compute dtype."""
+        """Rows ``ids`` of ``w``, in the compute dtype.
+
+        ``w`` is a loaded weight (an embedding lookup) or an activation array (the core
+        uses it to keep only the rows that need outputs).
+        """
 
     @abstractmethod
     def add(self, a: Any, b: Any) -> Any:

@@ -1,0 +1,103 @@
+"""The architecture contract: how a model family maps file metadata and tensors onto a
+forward pass built from backend ops.
+
+An architecture plugin registers one :class:`Architecture` instance. The core uses it to
+read a config from GGUF metadata or a Hugging Face ``config.json``, to learn the KV-cache
+layout, and to build a :class:`ModelGraph` over loaded weights. Converters and the
+test-model maker use the reverse direction (config -> metadata, HF names -> GGUF names).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import attrs
+import numpy as np
+
+
+@attrs.frozen
+class KVLayerLayout:
+    """Shape of one layer's K and V cache rows: ``n_head_kv`` heads of ``head_dim_k/v``."""
+
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+
+
+@attrs.frozen
+class ForwardInput:
+    """One ubatch as the graph sees it.
+
+    ``tokens``, ``positions`` are int32 ``(T,)``; ``output_rows`` are the row indices
+    (ascending) whose logits are wanted. ``kv`` gives per-layer cache storage, the cells
+    this ubatch writes and the attention mask over cached cells.
+    """
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    output_rows: np.ndarray
+    kv: Any
+
+
+class ModelGraph(Protocol):
+    """A built model: turns a ubatch into logits for its output rows."""
+
+    def forward(self, inp: ForwardInput) -> Any:
+        """Return backend logits of shape ``(len(inp.output_rows), n_vocab)``."""
+
+
+class Architecture(ABC):
+    """Base class of architecture plugins."""
+
+    #: GGUF ``general.architecture`` values this plugin loads, e.g. ``("llama", "qwen2")``.
+    names: tuple[str, ...] = ()
+    #: Hugging Face ``config.json`` ``model_type`` values it loads.
+    hf_model_types: tuple[str, ...] = ()
+
+    @abstractmethod
+    def config_from_gguf(
+        self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
+    ) -> Any:
+        """Read the model config from GGUF metadata (``general.architecture`` included).
+
+        ``tensor_shapes`` maps the file's tensor names to numpy-order shapes, for facts
+        GGUF states only by a tensor's presence or size (e.g. tied embeddings).
+        """
+
+    @abstractmethod
+    def config_from_hf(self, hf_config: Mapping[str, Any]) -> Any:
+        """Read the model config from a Hugging Face ``config.json`` dict."""
+
+    @abstractmethod
+    def gguf_metadata(self, config: Any) -> dict[str, Any]:
+        """GGUF metadata for ``config`` (architecture keys, not tokenizer keys)."""
+
+    @abstractmethod
+    def tensor_shapes(self, config: Any) -> dict[str, tuple[int, ...]]:
+        """Every GGUF tensor name of the model and its numpy-order shape."""
+
+    @abstractmethod
+    def tensors_from_hf(
+        self, config: Any, hf_tensors: Mapping[str, Any], for_gguf: bool
+    ) -> Iterator[tuple[str, Any]]:
+        """Rename (and where the GGUF layout needs it, permute) HF tensors to GGUF names.
+
+        ``hf_tensors`` maps HF names to lazily-read arrays (numpy, 2-D ``(out, in)``).
+        ``for_gguf`` is True when writing a GGUF file that llama.cpp must read the same way
+        (e.g. the ``llama`` arch's Q/K row permutation); False when the runtime loads the
+        HF folder directly with a config that already accounts for the layout.
+        """
+
+    @abstractmethod
+    def kv_layout(self, config: Any) -> list[KVLayerLayout | None]:
+        """Per layer: the K/V row shape it caches, or None for a layer that owns no KV."""
+
+    @abstractmethod
+    def build(self, config: Any, weights: Mapping[str, Any], backend: Any) -> ModelGraph:
+        """Build the forward pass over loaded weights (GGUF names) on ``backend``."""
+
+    def n_vocab(self, config: Any) -> int:
+        """Vocabulary size (rows of the output head)."""
+        return int(config.n_vocab)

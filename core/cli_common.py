@@ -1,0 +1,72 @@
+"""Flags and loading shared by the commands that run a model (run, serve, embed, bench ...)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from tessera.context import Context, ContextParams
+from tessera.model import Model, default_model_path, load_model
+from tessera.sampling import SamplerParams
+
+log = logging.getLogger("tessera")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """-m, -c, -b, -ub, -np, -t and backend selection, named as in llama.cpp."""
+    g = parser.add_argument_group("model and context")
+    g.add_argument("-m", "--model", help="GGUF file or Hugging Face folder (default: bundled model)")
+    g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (0 = model's, max 4096)")
+    g.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
+    g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
+    g.add_argument("-np", "--parallel", type=int, default=1, help="number of parallel sequences")
+    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0 = backend default)")
+    g.add_argument("--backend", default=None, help="backend plugin to use (default: best available)")
+    g.add_argument("--device", default=None, help="device, e.g. cpu or cuda:0")
+    g.add_argument("--dtype", default=None, choices=["f32", "bf16", "f16"], help="compute dtype")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sampling")
+    d = SamplerParams()
+    g.add_argument("--temp", type=float, default=d.temperature, help="temperature (0 = greedy)")
+    g.add_argument("--top-k", type=int, default=d.top_k, help="top-k (0 = off)")
+    g.add_argument("--top-p", type=float, default=d.top_p, help="top-p (1 = off)")
+    g.add_argument("--min-p", type=float, default=d.min_p, help="min-p (0 = off)")
+    g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
+    g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
+    g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+
+
+def sampler_params_from_args(args: argparse.Namespace) -> SamplerParams:
+    return SamplerParams(
+        temperature=args.temp,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        seed=args.seed,
+    )
+
+
+def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
+    backend = runtime.create_backend(args.backend, args.device, args.dtype)
+    if args.threads > 0:
+        backend.set_threads(args.threads)
+    path = args.model or default_model_path()
+    model = load_model(path, runtime, backend, progress=True)
+    log.info("loaded %s (%s) on %s/%s", path, model.config.__class__.__name__, backend.name, backend.dtype)
+    return model
+
+
+def context_from_args(args: argparse.Namespace, model: Model) -> Context:
+    n_ctx = args.ctx_size if args.ctx_size > 0 else min(model.n_ctx_train, 4096)
+    params = ContextParams(
+        n_ctx=n_ctx,
+        n_batch=args.batch_size,
+        n_ubatch=args.ubatch_size,
+        n_seq_max=args.parallel,
+    )
+    return Context(model, params)

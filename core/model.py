@@ -1,0 +1,146 @@
+"""Loading a model: a GGUF file or a Hugging Face safetensors folder onto a backend.
+
+The loader reads the architecture name, asks the runtime for the architecture plugin and
+each tensor's quant type (clear errors if either is missing), hands every tensor to the
+backend (which keeps or repacks quantized data) and builds the forward graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.errors import ModelFileError
+from tessera.gguf_file import RawTensor, read_gguf
+
+
+@attrs.define
+class Model:
+    """A loaded model: architecture, config, weights on a backend, tokenizer, forward graph."""
+
+    path: Path
+    arch: Any
+    config: Any
+    backend: Any
+    weights: dict[str, Any]
+    graph: Any
+    tokenizer: Any | None
+    metadata: Mapping[str, Any]
+
+    @property
+    def n_vocab(self) -> int:
+        return self.arch.n_vocab(self.config)
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(getattr(self.config, "n_ctx_train", 4096))
+
+    @property
+    def chat_template(self) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.chat_template
+
+
+def default_model_path() -> Path:
+    """The small model shipped inside the package (used when no -m is given)."""
+    from importlib.resources import files
+
+    return Path(str(files("tessera") / "default_model" / "tessera-default.gguf"))
+
+
+def load_model(
+    path: str | os.PathLike[str], runtime: Any, backend: Any, progress: bool = False
+) -> Model:
+    """Load a GGUF file or HF folder onto ``backend``; raise a TesseraError on bad input."""
+    path = Path(path)
+    if path.is_dir() and (path / "config.json").exists():
+        arch, config, raw, metadata = _read_hf_dir(path, runtime)
+    else:
+        gguf = read_gguf(path)
+        if not gguf.architecture:
+            raise ModelFileError(
+                f"'{path}' has no general.architecture key; it is a vocabulary-only or damaged "
+                "GGUF file — pass a model file"
+            )
+        arch = runtime.architecture(gguf.architecture)
+        shapes = {name: t.shape for name, t in gguf.tensors.items()}
+        config = arch.config_from_gguf(gguf.metadata, shapes)
+        raw, metadata = gguf.tensors, gguf.metadata
+    qtypes = {name: runtime.quant_type(t.ggml_type, name) for name, t in raw.items()}
+    backend.use_kernels(runtime.weight_kernels())
+    weights: dict[str, Any] = {}
+    items = list(raw.items())
+    if progress:
+        from tqdm import tqdm
+
+        items = tqdm(items, desc=f"loading {path.name}", unit="tensor", leave=False)
+    for name, tensor in items:
+        weights[name] = backend.load_weight(tensor, qtypes[name])
+    graph = arch.build(config, weights, backend)
+    has_vocab = (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
+    tokenizer = _tokenizer(path, metadata) if has_vocab else None
+    return Model(path, arch, config, backend, weights, graph, tokenizer, metadata)
+
+
+def _tokenizer(path: Path, metadata: Mapping[str, Any]) -> Any | None:
+    from tessera.tokenizer import Tokenizer
+
+    if path.is_dir():
+        return Tokenizer.from_hf_dir(path)
+    return Tokenizer.from_gguf_metadata(metadata)
+
+
+_SAFETENSORS_TYPES = {"F32": 0, "F16": 1}
+
+
+def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTensor], dict]:
+    """Config and tensors of an HF folder, renamed to GGUF names by the architecture."""
+    try:
+        hf_config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelFileError(f"'{path / 'config.json'}' is not valid JSON ({exc})") from exc
+    if "model_type" not in hf_config:
+        raise ModelFileError(f"'{path / 'config.json'}' has no model_type; it is not a model config")
+    arch = runtime.hf_architecture(hf_config["model_type"])
+    config = arch.config_from_hf(hf_config)
+    hf_tensors = read_safetensors_dir(path)
+    raw = {
+        name: _raw_from_array(name, value)
+        for name, value in arch.tensors_from_hf(config, hf_tensors, for_gguf=False)
+    }
+    metadata = arch.gguf_metadata(config)
+    return arch, config, raw, metadata
+
+
+def read_safetensors_dir(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's ``*.safetensors`` files as numpy (bf16 widened to f32,
+    which is exact)."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"'{path}' has a config.json but no .safetensors weights")
+    tensors: dict[str, np.ndarray] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    t = f.get_tensor(name)
+                    tensors[name] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            raise ModelFileError(f"'{file}' is not a readable safetensors file ({exc})") from exc
+    return tensors
+
+
+def _raw_from_array(name: str, value: np.ndarray) -> RawTensor:
+    value = np.ascontiguousarray(value)
+    if value.dtype != np.float16:
+        value = value.astype(np.float32, copy=False)
+    ggml_type = _SAFETENSORS_TYPES["F16" if value.dtype == np.float16 else "F32"]
+    return RawTensor(name, ggml_type, tuple(value.shape), value.view(np.uint8).reshape(-1))

@@ -1,0 +1,303 @@
+"""The ``llama`` architecture family: Llama, Qwen2 and Qwen3 (GGUF and Hugging Face).
+
+One pre-norm decoder: RMSNorm -> attention with GQA and RoPE -> residual -> RMSNorm ->
+SwiGLU FFN -> residual. The family members differ only in small facts this module reads
+from metadata: Qwen2 adds Q/K/V biases, Qwen3 normalizes Q and K per head (QK-norm), and
+GGUF ``llama`` files store Q/K rows permuted for GGML's normal-mode RoPE while every other
+case uses NeoX-style RoPE on unpermuted weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.arch import Architecture, ForwardInput, KVLayerLayout
+from tessera.errors import ModelFileError
+from tessera.hookspecs import hookimpl
+
+TESSERA_PLUGIN_API = 1
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@attrs.frozen
+class LlamaConfig:
+    """Hyper-parameters of one llama-family model, in GGUF terms."""
+
+    arch: str = attrs.field(validator=attrs.validators.in_(ARCHS))
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ctx_train: int = 4096
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rms_eps: float = 1e-5
+    #: True: NeoX pairs (i, i + n_rot/2) on unpermuted Q/K; False: GGML normal mode.
+    rope_neox: bool = True
+    attn_bias: bool = False
+    qk_norm: bool = False
+    tied_embeddings: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_head % self.n_head_kv:
+            raise ValueError(
+                f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})"
+            )
+
+
+def _permute_for_normal_rope(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder each head's rows from NeoX halves to interleaved pairs (llama.cpp's layout)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
+        w.shape
+    )
+
+
+_HF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_HF_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+class LlamaArchitecture(Architecture):
+    names = ARCHS
+    hf_model_types = ARCHS
+
+    def config_from_gguf(
+        self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
+    ) -> LlamaConfig:
+        arch = metadata["general.architecture"]
+
+        def key(name: str, default: Any = None) -> Any:
+            value = metadata.get(f"{arch}.{name}", default)
+            if value is None:
+                raise ModelFileError(
+                    f"the GGUF metadata lacks '{arch}.{name}'; the file is incomplete — "
+                    "convert the model again"
+                )
+            return value
+
+        n_embd = int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        n_vocab = metadata.get(f"{arch}.vocab_size") or tensor_shapes.get(
+            "token_embd.weight", (len(metadata.get("tokenizer.ggml.tokens", [])),)
+        )[0]
+        scale = 1.0
+        if metadata.get(f"{arch}.rope.scaling.type", "none") == "linear":
+            scale = 1.0 / float(key("rope.scaling.factor"))
+        return LlamaConfig(
+            arch=arch,
+            n_vocab=int(n_vocab),
+            n_embd=n_embd,
+            n_layer=int(key("block_count")),
+            n_ff=int(key("feed_forward_length")),
+            n_head=n_head,
+            n_head_kv=int(key("attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            n_ctx_train=int(key("context_length", 4096)),
+            rope_freq_base=float(key("rope.freq_base", 10000.0)),
+            rope_freq_scale=scale,
+            rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_neox=arch != "llama",
+            attn_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            tied_embeddings="output.weight" not in tensor_shapes,
+        )
+
+    def config_from_hf(self, hf: Mapping[str, Any]) -> LlamaConfig:
+        arch = hf["model_type"]
+        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "linear"):
+            raise ModelFileError(
+                f"RoPE scaling type '{rope_type}' is not supported yet by the llama "
+                "architecture plugin; use a model with default or linear RoPE"
+            )
+        n_head = int(hf["num_attention_heads"])
+        return LlamaConfig(
+            arch=arch,
+            n_vocab=int(hf["vocab_size"]),
+            n_embd=int(hf["hidden_size"]),
+            n_layer=int(hf["num_hidden_layers"]),
+            n_ff=int(hf["intermediate_size"]),
+            n_head=n_head,
+            n_head_kv=int(hf.get("num_key_value_heads") or n_head),
+            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // n_head),
+            n_ctx_train=int(hf.get("max_position_embeddings", 4096)),
+            rope_freq_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+            rope_freq_scale=1.0 / float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
+            rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_neox=True,
+            attn_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=arch == "qwen3",
+            tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+
+    def gguf_metadata(self, c: LlamaConfig) -> dict[str, Any]:
+        a = c.arch
+        meta = {
+            "general.architecture": a,
+            f"{a}.vocab_size": c.n_vocab,
+            f"{a}.context_length": c.n_ctx_train,
+            f"{a}.embedding_length": c.n_embd,
+            f"{a}.block_count": c.n_layer,
+            f"{a}.feed_forward_length": c.n_ff,
+            f"{a}.attention.head_count": c.n_head,
+            f"{a}.attention.head_count_kv": c.n_head_kv,
+            f"{a}.attention.key_length": c.head_dim,
+            f"{a}.attention.value_length": c.head_dim,
+            f"{a}.attention.layer_norm_rms_epsilon": c.rms_eps,
+            f"{a}.rope.freq_base": c.rope_freq_base,
+            f"{a}.rope.dimension_count": c.head_dim,
+        }
+        if c.rope_freq_scale != 1.0:
+            meta[f"{a}.rope.scaling.type"] = "linear"
+            meta[f"{a}.rope.scaling.factor"] = 1.0 / c.rope_freq_scale
+        return meta
+
+    def tensor_shapes(self, c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.n_vocab, c.n_embd)}
+        for i in range(c.n_layer):
+            p = f"blk.{i}."
+            shapes[p + "attn_norm.weight"] = (c.n_embd,)
+            shapes[p + "attn_q.weight"] = (q_dim, c.n_embd)
+            shapes[p + "attn_k.weight"] = (kv_dim, c.n_embd)
+            shapes[p + "attn_v.weight"] = (kv_dim, c.n_embd)
+            if c.attn_bias:
+                shapes[p + "attn_q.bias"] = (q_dim,)
+                shapes[p + "attn_k.bias"] = (kv_dim,)
+                shapes[p + "attn_v.bias"] = (kv_dim,)
+            if c.qk_norm:
+                shapes[p + "attn_q_norm.weight"] = (c.head_dim,)
+                shapes[p + "attn_k_norm.weight"] = (c.head_dim,)
+            shapes[p + "attn_output.weight"] = (c.n_embd, q_dim)
+            shapes[p + "ffn_norm.weight"] = (c.n_embd,)
+            shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
+            shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
+            shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
+        shapes["output_norm.weight"] = (c.n_embd,)
+        if not c.tied_embeddings:
+            shapes["output.weight"] = (c.n_vocab, c.n_embd)
+        return shapes
+
+    def tensors_from_hf(
+        self, c: LlamaConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
+    ) -> Iterator[tuple[str, Any]]:
+        permute = for_gguf and c.arch == "llama"
+        for hf_name in hf_tensors:
+            if hf_name.endswith("rotary_emb.inv_freq"):
+                continue
+            if hf_name == "lm_head.weight" and c.tied_embeddings:
+                continue
+            name = _HF_GLOBAL_NAMES.get(hf_name)
+            if name is None and hf_name.startswith("model.layers."):
+                layer, _, rest = hf_name[len("model.layers.") :].partition(".")
+                if rest in _HF_LAYER_NAMES:
+                    name = f"blk.{layer}.{_HF_LAYER_NAMES[rest]}"
+            if name is None:
+                raise ModelFileError(
+                    f"unexpected tensor '{hf_name}' in a {c.arch} checkpoint; the "
+                    "llama architecture plugin does not know where it goes"
+                )
+            value = hf_tensors[hf_name]
+            if permute and name.endswith(("attn_q.weight", "attn_q.bias")):
+                value = _permute_for_normal_rope(np.asarray(value), c.n_head)
+            elif permute and name.endswith(("attn_k.weight", "attn_k.bias")):
+                value = _permute_for_normal_rope(np.asarray(value), c.n_head_kv)
+            yield name, value
+
+    def kv_layout(self, c: LlamaConfig) -> list[KVLayerLayout | None]:
+        return [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)] * c.n_layer
+
+    def build(self, c: LlamaConfig, weights: Mapping[str, Any], backend: Any) -> LlamaGraph:
+        missing = [n for n in self.tensor_shapes(c) if n not in weights]
+        if missing:
+            raise ModelFileError(
+                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
+                f"{c.arch} model needs; the file is incomplete — convert it again"
+            )
+        return LlamaGraph(c, weights, backend)
+
+
+class LlamaGraph:
+    """The forward pass of a llama-family model on one backend."""
+
+    def __init__(self, config: LlamaConfig, weights: Mapping[str, Any], backend: Any) -> None:
+        self.c = config
+        self.w = weights
+        self.b = backend
+        self.output = weights.get("output.weight", weights["token_embd.weight"])
+        self.attn_scale = 1.0 / math.sqrt(config.head_dim)
+
+    def _project(self, x: Any, name: str) -> Any:
+        y = self.b.matmul(x, self.w[name + ".weight"])
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else self.b.add(y, bias)
+
+    def _attention(self, il: int, x: Any, inp: ForwardInput) -> Any:
+        b, c, p = self.b, self.c, f"blk.{il}."
+        n_tokens = len(inp.tokens)
+        q = self._project(x, p + "attn_q").reshape(n_tokens, c.n_head, c.head_dim)
+        k = self._project(x, p + "attn_k").reshape(n_tokens, c.n_head_kv, c.head_dim)
+        v = self._project(x, p + "attn_v").reshape(n_tokens, c.n_head_kv, c.head_dim)
+        if c.qk_norm:
+            q = b.rms_norm(q, self.w[p + "attn_q_norm.weight"], c.rms_eps)
+            k = b.rms_norm(k, self.w[p + "attn_k_norm.weight"], c.rms_eps)
+        q = b.rope(q, inp.positions, c.head_dim, c.rope_freq_base, c.rope_neox, c.rope_freq_scale)
+        k = b.rope(k, inp.positions, c.head_dim, c.rope_freq_base, c.rope_neox, c.rope_freq_scale)
+        kv = inp.kv
+        b.set_rows(kv.k[il], kv.cells, k)
+        b.set_rows(kv.v[il], kv.cells, v)
+        out = b.attention(q, kv.k[il], kv.v[il], kv.n_kv, kv.mask, self.attn_scale)
+        return b.matmul(out, self.w[p + "attn_output.weight"])
+
+    def forward(self, inp: ForwardInput) -> Any:
+        b, c = self.b, self.c
+        x = b.get_rows(self.w["token_embd.weight"], inp.tokens)
+        all_rows = len(inp.output_rows) == len(inp.tokens)
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            attn = self._attention(il, b.rms_norm(x, self.w[p + "attn_norm.weight"], c.rms_eps), inp)
+            if il == c.n_layer - 1 and not all_rows:
+                # Only the rows that need logits go through the last FFN and the head.
+                attn = b.get_rows(attn, inp.output_rows)
+                x = b.get_rows(x, inp.output_rows)
+            x = b.add(x, attn)
+            h = b.rms_norm(x, self.w[p + "ffn_norm.weight"], c.rms_eps)
+            gate = b.matmul(h, self.w[p + "ffn_gate.weight"])
+            up = b.matmul(h, self.w[p + "ffn_up.weight"])
+            x = b.add(x, b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down.weight"]))
+        x = b.rms_norm(x, self.w["output_norm.weight"], c.rms_eps)
+        return b.matmul(x, self.output)
+
+
+@hookimpl
+def tessera_register_architectures(register):
+    register(LlamaArchitecture())

@@ -1,0 +1,90 @@
+"""``tessera run``: generate text from a prompt (like llama.cpp's llama-cli / llama-simple)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera.cli_common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    context_from_args,
+    load_model_from_args,
+    sampler_params_from_args,
+)
+from tessera.commands import Command
+from tessera.errors import TesseraError
+from tessera.hookspecs import hookimpl
+
+TESSERA_PLUGIN_API = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-p", "--prompt", default=None, help="prompt text")
+    parser.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    parser.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1 = until end)")
+    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    parser.add_argument("-sys", "--system-prompt", default=None, help="system message (with --chat)")
+    parser.add_argument("--display-prompt", action="store_true", help="print the prompt before the output")
+    parser.add_argument("--no-timings", action="store_true", help="do not print tokens/s to stderr")
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.file:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise TesseraError(f"cannot read prompt file '{args.file}' ({exc.strerror})") from exc
+    if args.prompt is None:
+        raise TesseraError("no prompt given; pass -p TEXT or -f FILE")
+    return args.prompt
+
+
+def run(args: argparse.Namespace, runtime: Any) -> int:
+    from tessera.chat import DEFAULT_CHATML, ChatTemplate
+    from tessera.engine import GenerationStats, generate
+    from tessera.sampling import Sampler
+    from tessera.tokenizer import StreamDecoder
+
+    text = _prompt_text(args)
+    sampler = Sampler(sampler_params_from_args(args))
+    model = load_model_from_args(args, runtime)
+    tok = model.tokenizer
+    if tok is None:
+        raise TesseraError(f"'{model.path}' has no tokenizer; use a model file with a vocabulary")
+    ctx = context_from_args(args, model)
+    parse_special = False
+    if args.chat:
+        messages = [{"role": "user", "content": text}]
+        if args.system_prompt:
+            messages.insert(0, {"role": "system", "content": args.system_prompt})
+        bos = tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else ""
+        template = ChatTemplate(tok.chat_template or DEFAULT_CHATML, bos, eos)
+        text, parse_special = template.render(messages, add_generation_prompt=True), True
+    prompt = tok.encode(text, add_special=True, parse_special=parse_special)
+    if args.display_prompt:
+        sys.stdout.write(text)
+    stats = GenerationStats()
+    decoder = StreamDecoder(tok)
+    for token in generate(ctx, prompt, args.n_predict, sampler, eog_ids=tok.eog_ids, stats=stats):
+        sys.stdout.write(decoder.feed(token))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.flush() + "\n")
+    if not args.no_timings:
+        print(
+            f"prompt: {stats.n_prompt} tokens, {stats.prompt_tps:.1f} t/s | "
+            f"generation: {stats.n_generated} tokens, {stats.generate_tps:.1f} t/s | "
+            f"backend {model.backend.name}/{model.backend.dtype}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+@hookimpl
+def tessera_register_commands(register):
+    register(Command("run", "generate text from a prompt", add_arguments, run))
