@@ -9,7 +9,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from tessera.backend import Backend, BackendInfo
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl

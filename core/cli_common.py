@@ -16,13 +16,19 @@ log = logging.getLogger("tessera")
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """-m, -c, -b, -ub, -np, -t and backend selection, named as in llama.cpp."""
     g = parser.add_argument_group("model and context")
-    g.add_argument("-m", "--model", help="GGUF file or Hugging Face folder (default: bundled model)")
-    g.add_argument("-c", "--ctx-size", type=int, default=0, help="context size (0 = model's, max 4096)")
+    g.add_argument(
+        "-m", "--model", help="GGUF file or Hugging Face folder (default: bundled model)"
+    )
+    g.add_argument(
+        "-c", "--ctx-size", type=int, default=0, help="context size (0 = model's, max 4096)"
+    )
     g.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
     g.add_argument("-np", "--parallel", type=int, default=1, help="number of parallel sequences")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0 = backend default)")
-    g.add_argument("--backend", default=None, help="backend plugin to use (default: best available)")
+    g.add_argument(
+        "--backend", default=None, help="backend plugin to use (default: best available)"
+    )
     g.add_argument("--device", default=None, help="device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", default=None, choices=["f32", "bf16", "f16"], help="compute dtype")
 
@@ -57,7 +63,13 @@ def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
         backend.set_threads(args.threads)
     path = args.model or default_model_path()
     model = load_model(path, runtime, backend, progress=True)
-    log.info("loaded %s (%s) on %s/%s", path, model.config.__class__.__name__, backend.name, backend.dtype)
+    log.info(
+        "loaded %s (%s) on %s/%s",
+        path,
+        model.config.__class__.__name__,
+        backend.name,
+        backend.dtype,
+    )
     return model
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-
 from tessera.arch import ForwardInput
 from tessera.batch import Batch
 from tessera.errors import ContextOverflowError, TesseraError
@@ -42,7 +41,12 @@ class Context:
         self.kv = KVCache(model.backend, model.arch.kv_layout(model.config), p.n_ctx, p.n_seq_max)
         log.info(
             "context: n_ctx=%d n_batch=%d n_ubatch=%d n_seq_max=%d backend=%s dtype=%s",
-            p.n_ctx, p.n_batch, self.n_ubatch, p.n_seq_max, model.backend.name, model.backend.dtype,
+            p.n_ctx,
+            p.n_batch,
+            self.n_ubatch,
+            p.n_seq_max,
+            model.backend.name,
+            model.backend.dtype,
         )
 
     @property

@@ -11,7 +11,6 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 import numpy as np
-
 from tessera.batch import Batch
 from tessera.context import Context
 from tessera.errors import ContextOverflowError

@@ -14,7 +14,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-
 from tessera.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
@@ -79,7 +78,9 @@ def _field_value(field: Any) -> Any:
 
 def _check_header(path: Path) -> None:
     if not path.exists():
-        raise ModelFileError(f"model file '{path}' does not exist; pass -m with the path of a .gguf file")
+        raise ModelFileError(
+            f"model file '{path}' does not exist; pass -m with the path of a .gguf file"
+        )
     if path.is_dir():
         raise ModelFileError(
             f"'{path}' is a folder without config.json; pass -m with a .gguf file or a "

@@ -13,7 +13,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-
 from tessera.arch import KVLayerLayout
 from tessera.errors import ContextOverflowError
 
@@ -41,8 +40,12 @@ class KVCache:
             raise ValueError(f"n_seq_max must be between 1 and {MAX_SEQUENCES}, got {n_seq_max}")
         self.n_ctx = n_ctx
         self.n_seq_max = n_seq_max
-        self.k = [None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_k)) for L in layout]
-        self.v = [None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_v)) for L in layout]
+        self.k = [
+            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_k)) for L in layout
+        ]
+        self.v = [
+            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_v)) for L in layout
+        ]
         self.pos = np.full(n_ctx, -1, dtype=np.int32)
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-
 from tessera.errors import ModelFileError
 from tessera.gguf_file import RawTensor, read_gguf
 
@@ -82,7 +81,9 @@ def load_model(
     for name, tensor in items:
         weights[name] = backend.load_weight(tensor, qtypes[name])
     graph = arch.build(config, weights, backend)
-    has_vocab = (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
+    has_vocab = (
+        (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
+    )
     tokenizer = _tokenizer(path, metadata) if has_vocab else None
     return Model(path, arch, config, backend, weights, graph, tokenizer, metadata)
 
@@ -105,7 +106,9 @@ def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTenso
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelFileError(f"'{path / 'config.json'}' is not valid JSON ({exc})") from exc
     if "model_type" not in hf_config:
-        raise ModelFileError(f"'{path / 'config.json'}' has no model_type; it is not a model config")
+        raise ModelFileError(
+            f"'{path / 'config.json'}' has no model_type; it is not a model config"
+        )
     arch = runtime.hf_architecture(hf_config["model_type"])
     config = arch.config_from_hf(hf_config)
     hf_tensors = read_safetensors_dir(path)

@@ -28,7 +28,9 @@ def _backend_lines(runtime: Any) -> list[str]:
             continue
         ops = [op for op in CORE_OPS if backend.supports(op)]
         missing = [op for op in CORE_OPS if op not in ops]
-        lines.append(f"  {name}: device={backend.device} dtype={backend.dtype} — {info.description}")
+        lines.append(
+            f"  {name}: device={backend.device} dtype={backend.dtype} — {info.description}"
+        )
         lines.append(f"    ops: {', '.join(ops)}")
         if missing:
             lines.append(f"    not supported: {', '.join(missing)}")

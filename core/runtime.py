@@ -20,7 +20,6 @@ from typing import Any
 
 import attrs
 import pluggy
-
 from tessera import PLUGIN_API_VERSION, hookspecs
 from tessera.errors import (
     PluginError,

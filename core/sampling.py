@@ -10,7 +10,6 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
-
 from tessera.errors import TesseraError
 
 

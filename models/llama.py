@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-
 from tessera.arch import Architecture, ForwardInput, KVLayerLayout
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
@@ -56,8 +55,10 @@ class LlamaConfig:
 
 def _permute_for_normal_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     """Reorder each head's rows from NeoX halves to interleaved pairs (llama.cpp's layout)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(
-        w.shape
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
     )
 
 
@@ -105,9 +106,12 @@ class LlamaArchitecture(Architecture):
         n_embd = int(key("embedding_length"))
         n_head = int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // n_head))
-        n_vocab = metadata.get(f"{arch}.vocab_size") or tensor_shapes.get(
-            "token_embd.weight", (len(metadata.get("tokenizer.ggml.tokens", [])),)
-        )[0]
+        n_vocab = (
+            metadata.get(f"{arch}.vocab_size")
+            or tensor_shapes.get(
+                "token_embd.weight", (len(metadata.get("tokenizer.ggml.tokens", [])),)
+            )[0]
+        )
         scale = 1.0
         if metadata.get(f"{arch}.rope.scaling.type", "none") == "linear":
             scale = 1.0 / float(key("rope.scaling.factor"))
@@ -284,7 +288,9 @@ class LlamaGraph:
         all_rows = len(inp.output_rows) == len(inp.tokens)
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            attn = self._attention(il, b.rms_norm(x, self.w[p + "attn_norm.weight"], c.rms_eps), inp)
+            attn = self._attention(
+                il, b.rms_norm(x, self.w[p + "attn_norm.weight"], c.rms_eps), inp
+            )
             if il == c.n_layer - 1 and not all_rows:
                 # Only the rows that need logits go through the last FFN and the head.
                 attn = b.get_rows(attn, inp.output_rows)

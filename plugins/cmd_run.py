@@ -23,10 +23,18 @@ TESSERA_PLUGIN_API = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--prompt", default=None, help="prompt text")
     parser.add_argument("-f", "--file", default=None, help="read the prompt from a file")
-    parser.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (-1 = until end)")
-    parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("-sys", "--system-prompt", default=None, help="system message (with --chat)")
-    parser.add_argument("--display-prompt", action="store_true", help="print the prompt before the output")
+    parser.add_argument(
+        "-n", "--n-predict", type=int, default=128, help="tokens to generate (-1 = until end)"
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    parser.add_argument(
+        "-sys", "--system-prompt", default=None, help="system message (with --chat)"
+    )
+    parser.add_argument(
+        "--display-prompt", action="store_true", help="print the prompt before the output"
+    )
     parser.add_argument("--no-timings", action="store_true", help="do not print tokens/s to stderr")
     add_model_arguments(parser)
     add_sampling_arguments(parser)
