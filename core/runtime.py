@@ -139,7 +139,7 @@ class Runtime:
             return self._catalogues[hook]
         found: dict[Any, Any] = {}
         caller = getattr(self.pm.hook, hook)
-        for impl in reversed(caller.get_hookimpls()):  # pluggy lists them last-registered first
+        for impl in caller.get_hookimpls():  # in registration (entry-point) order
             registered: list[Any] = []
             try:
                 impl.function(register=registered.append)
