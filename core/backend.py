@@ -80,14 +80,14 @@ class Backend(ABC):
         """
         return op in CORE_OPS
 
-    def use_kernels(self, kernels: Mapping[tuple[str, str], WeightKernel]) -> None:
+    def use_kernels(self, kernels: Mapping[tuple[str, str], WeightKernel]) -> None:  # noqa: B027
         """Receive the registered weight kernels, keyed by ``(backend name, quant type name)``.
 
         Called by the loader before any :meth:`load_weight`. The default ignores them
         (a backend that never keeps weights quantized needs none).
         """
 
-    def set_threads(self, n_threads: int) -> None:
+    def set_threads(self, n_threads: int) -> None:  # noqa: B027
         """Use ``n_threads`` CPU threads (``-t``); backends without a thread pool ignore it."""
 
     def record(self, what: str, path: str, reason: str) -> None:

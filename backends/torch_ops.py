@@ -1,0 +1,226 @@
+"""The torch backend's ops: every op of :mod:`tessera.backend` on torch tensors.
+
+Imported only when a torch backend is created (see :mod:`tessera.backends.torch_backend`).
+
+Loaded weights are either plain tensors in the compute dtype (float types, and quantized
+types without a usable kernel, dequantized once) or objects made by a quant type's
+:class:`~tessera.quant.WeightKernel` that implement this interface:
+
+- ``shape``: ``(n_out, n_in)``;
+- ``matmul(x)``: ``x @ W.T`` for ``x`` a ``(T, n_in)`` tensor, result ``(T, n_out)`` in
+  ``x``'s dtype;
+- ``get_rows(ids)``: rows ``ids`` (a numpy int array) of ``W`` as a ``(len(ids), n_in)``
+  tensor in the backend's compute dtype on its device.
+
+Kernels read ``backend.torch_device``, ``backend.torch_dtype`` and cache their probe
+answers in ``backend.probe_cache`` (a dict keyed by quant type name).
+
+Autograd: no tensor made here requires grad, so torch records no graph. Callers may run
+the forward pass inside ``torch.inference_mode()`` to also skip version counting; every
+op works inside and outside it (``set_rows`` enters it for caches created inside it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tessera.backend import CORE_OPS, Backend
+
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def disabled_kernels() -> set[str]:
+    """Quant types whose kernels ``TESSERA_DISABLE_KERNELS`` switches off ("all": every one)."""
+    names = os.environ.get("TESSERA_DISABLE_KERNELS", "")
+    return {n.strip().upper() for n in names.split(",") if n.strip()}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, device: torch.device, dtype: str) -> None:
+        super().__init__()
+        self.torch_device = device
+        self.torch_dtype = TORCH_DTYPES[dtype]
+        self.device = str(device)
+        self.dtype = dtype
+        #: Probe answers of weight kernels, by quant type name (filled by the kernels).
+        self.probe_cache: dict[str, bool] = {}
+        self._kernels: dict[str, Any] = {}
+        self._inv_freq: dict[tuple[int, float, float], torch.Tensor] = {}
+        self._rope_tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # -- capability probe and setup --------------------------------------------------
+
+    def supports(self, op: str, **attrs: Any) -> bool:
+        if op not in CORE_OPS:
+            return False
+        if op == "rope":
+            n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
+            return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
+        if op == "attention":
+            n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
+            return n_head_kv > 0 and n_head % n_head_kv == 0
+        return True
+
+    def use_kernels(self, kernels: Mapping[tuple[str, str], Any]) -> None:
+        self._kernels = {qt: k for (backend, qt), k in kernels.items() if backend == self.name}
+
+    def set_threads(self, n_threads: int) -> None:
+        if n_threads > 0:
+            torch.set_num_threads(n_threads)
+
+    # -- arrays ----------------------------------------------------------------------
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        a = np.asarray(a)
+        if not (a.flags.writeable and a.flags.c_contiguous):
+            a = np.array(a)  # torch.from_numpy wants memory it may own a view of
+        return torch.from_numpy(a)
+
+    def from_numpy(self, a: np.ndarray) -> torch.Tensor:
+        t = self._tensor(a)
+        if t.is_floating_point():
+            return t.to(device=self.torch_device, dtype=self.torch_dtype)
+        return t.to(self.torch_device)
+
+    def to_numpy(self, x: torch.Tensor) -> np.ndarray:
+        x = x.detach()
+        if x.is_floating_point():
+            x = x.float()
+        return x.cpu().numpy()
+
+    def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device)
+
+    def _index(self, ids: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.torch_device)
+
+    def load_weight(self, raw: Any, qtype: Any) -> Any:
+        kernel = self._kernels.get(qtype.name) if len(raw.shape) == 2 else None
+        if kernel is None:
+            reason = f"no torch kernel for {qtype.name}"
+        elif {qtype.name.upper(), "ALL"} & disabled_kernels():
+            reason = f"{qtype.name} kernel disabled by TESSERA_DISABLE_KERNELS"
+        elif not kernel.supports(self):
+            reason = f"{qtype.name} kernel declined by its probe on {self.device}/{self.dtype}"
+        else:
+            self.record(raw.name, f"kernel {qtype.name}", kernel.description or "kernel")
+            return kernel.load(self, raw)
+        self.record(raw.name, f"dequantize {qtype.name}->{self.dtype}", reason)
+        return self.from_numpy(qtype.dequantize_tensor(raw.data, raw.shape))
+
+    # -- ops -------------------------------------------------------------------------
+
+    def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return F.linear(x, w)
+        return w.matmul(x)
+
+    def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return F.embedding(self._index(ids), w)
+        return w.get_rows(ids)
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b
+
+    def mul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b
+
+    def scale(self, x: torch.Tensor, s: float) -> torch.Tensor:
+        return x * s
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+        # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+        if weight is not None:
+            y = y * weight.float()
+        return y.to(x.dtype)
+
+    def layer_norm(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:
+        xf = x.float()
+        w = None if weight is None else weight.float()
+        b = None if bias is None else bias.float()
+        return F.layer_norm(xf, (x.shape[-1],), w, b, eps).to(x.dtype)
+
+    def _rope_table(
+        self, positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``(T, 1, n_rot/2)`` in the compute dtype, cached for the last positions.
+
+        Every layer of a forward pass rotates at the same positions, so the table is built
+        once per ubatch; angles are computed in float64 (positions reach 1e5 and more).
+        """
+        pos = np.ascontiguousarray(positions, dtype=np.int64)
+        key = (pos.tobytes(), n_rot, freq_base, freq_scale)
+        table = self._rope_tables.get(key)
+        if table is None:
+            freq_key = (n_rot, freq_base, freq_scale)
+            if freq_key not in self._inv_freq:
+                exponent = torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot
+                self._inv_freq[freq_key] = freq_scale * freq_base**-exponent
+            angle = torch.from_numpy(pos).double()[:, None] * self._inv_freq[freq_key]
+            table = tuple(
+                t.to(device=self.torch_device, dtype=self.torch_dtype)[:, None, :]
+                for t in (angle.cos(), angle.sin())
+            )
+            if len(self._rope_tables) >= 8:  # a few rope configs per model, one ubatch each
+                self._rope_tables.pop(next(iter(self._rope_tables)))
+            self._rope_tables[key] = table
+        return table
+
+    def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
+        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale)
+        half = n_rot // 2
+        rot, rest = x[..., :n_rot], x[..., n_rot:]
+        if neox:
+            a, b = rot[..., :half], rot[..., half:]
+            rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        else:
+            pairs = rot.unflatten(-1, (half, 2))
+            a, b = pairs[..., 0], pairs[..., 1]
+            rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(x)
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh")
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate) * up
+
+    def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
+        n_tokens, n_head, _ = q.shape
+        n_head_kv = k_cache.shape[1]
+        allowed = self._tensor(mask).to(self.torch_device)
+        # (H, T, D) views: SDPA treats the leading axis as heads; GQA without copying K/V.
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k_cache[:n_kv].transpose(0, 1),
+            v_cache[:n_kv].transpose(0, 1),
+            attn_mask=allowed,
+            scale=scale,
+            enable_gqa=n_head != n_head_kv,
+        )
+        # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
+        out = out.masked_fill(~allowed.any(-1)[None, :, None], 0.0)
+        return out.transpose(0, 1).reshape(n_tokens, -1)
+
+    def set_rows(self, dst: torch.Tensor, rows: np.ndarray, src: torch.Tensor) -> None:
+        index = self._index(rows)
+        if dst.is_inference() and not torch.is_inference_mode_enabled():
+            with torch.inference_mode():  # a cache made inside inference mode
+                dst.index_copy_(0, index, src.to(dst.dtype))
+        else:
+            dst.index_copy_(0, index, src.to(dst.dtype))

@@ -1,0 +1,201 @@
+"""The cases of the backend conformance kit (:mod:`tessera.testing.conformance`), per op.
+
+Shapes are small but chosen to reach awkward paths: output rows that are not a multiple
+of 16, ubatches of 1 (decode) and 33 rows (prefill), partial rotary dims, grouped-query
+ratios 1/2/4, several sequences in one mask, a query with no visible cell, and KV cells
+past ``n_kv`` filled with NaN (an op that reads them fails).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tessera.testing.conformance import Case, Weight
+
+
+def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def matmul_cases(qtypes: list[Any]) -> list[Case]:
+    cases = []
+    for qt in qtypes:
+        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size
+        n_out = 48
+        for n_tokens in (1, 7, 33):
+            cases.append(Case(
+                f"matmul-{qt.name}-T{n_tokens}-N{n_out}-K{n_in}",
+                "matmul",
+                {"quant_type": qt.name, "n_tokens": n_tokens, "n_out": n_out, "n_in": n_in},
+                lambda rng, qt=qt, t=n_tokens, k=n_in, n=n_out: {
+                    "x": _normal(rng, t, k), "w": Weight(_normal(rng, n, k, scale=0.1), qt)},
+                lambda b, a: b.matmul(a["x"], a["w"]),
+                (n_tokens, n_out),
+            ))
+        ids = np.array([3, 0, n_out - 1, 3, 11])
+        cases.append(Case(
+            f"get_rows-{qt.name}-R{len(ids)}-N{n_out}-K{n_in}",
+            "get_rows",
+            {"quant_type": qt.name, "n_rows": len(ids)},
+            lambda rng, qt=qt, k=n_in, n=n_out, ids=ids: {
+                "w": Weight(_normal(rng, n, k), qt), "ids": ids},
+            lambda b, a: b.get_rows(a["w"], a["ids"]),
+            (len(ids), n_in),
+        ))
+    return cases
+
+
+def elementwise_cases() -> list[Case]:
+    shapes = {"same": ((7, 64), (7, 64)), "row": ((7, 64), (64,)), "col": ((7, 64), (7, 1)),
+              "heads": ((7, 4, 16), (1, 4, 16))}
+    cases = []
+    for op in ("add", "mul"):
+        for kind, (sa, sb) in shapes.items():
+            cases.append(Case(
+                f"{op}-{kind}-{'x'.join(map(str, sa))}-by-{'x'.join(map(str, sb))}",
+                op, {"shape_a": sa, "shape_b": sb},
+                lambda rng, sa=sa, sb=sb: {"a": _normal(rng, *sa), "b": _normal(rng, *sb)},
+                lambda b, a, op=op: getattr(b, op)(a["a"], a["b"]),
+                sa,
+            ))
+    cases.append(Case("scale-T7-E64-s0.125", "scale", {"s": 0.125},
+                      lambda rng: {"x": _normal(rng, 7, 64)},
+                      lambda b, a: b.scale(a["x"], 0.125), (7, 64)))
+    for op in ("silu", "gelu"):
+        cases.append(Case(f"{op}-T7-E64", op, {},
+                          lambda rng: {"x": _normal(rng, 7, 64, scale=3.0)},
+                          lambda b, a, op=op: getattr(b, op)(a["x"]), (7, 64)))
+    cases.append(Case("swiglu-T7-E64", "swiglu", {},
+                      lambda rng: {"g": _normal(rng, 7, 64, scale=3.0), "u": _normal(rng, 7, 64)},
+                      lambda b, a: b.swiglu(a["g"], a["u"]), (7, 64)))
+    return cases
+
+
+def _unit_rms(got: np.ndarray, args: dict[str, Any]) -> str | None:
+    rms = np.sqrt(np.mean(got.astype(np.float64) ** 2, axis=-1))
+    return None if np.allclose(rms, 1.0, atol=2e-2) else f"rows have rms {rms.min():.3g}..."
+
+
+def norm_cases() -> list[Case]:
+    cases = []
+    for shape, tag in (((7, 64), "T7-E64"), ((7, 4, 16), "T7-H4-D16")):
+        for weighted in (False, True):
+            name = "rms_norm-weight" if weighted else "rms_norm"
+            cases.append(Case(
+                f"{name}-{tag}", "rms_norm", {"weight": weighted},
+                # rows of very different scales: the statistics must not lose precision
+                lambda rng, s=shape, w=weighted: {
+                    "x": _normal(rng, *s) * np.float32(10.0) ** rng.integers(-2, 3, s[:-1] + (1,)),
+                    "w": _normal(rng, s[-1]) if w else None},
+                lambda b, a: b.rms_norm(a["x"], a["w"], 1e-6),
+                shape,
+                None if weighted else _unit_rms,
+            ))
+    for weighted in (False, True):
+        cases.append(Case(
+            f"layer_norm{'-weight-bias' if weighted else ''}-T7-E64", "layer_norm",
+            {"weight": weighted, "bias": weighted},
+            lambda rng, w=weighted: {
+                "x": _normal(rng, 7, 64) + np.float32(5.0),  # a mean far from zero
+                "w": _normal(rng, 64) if w else None, "bias": _normal(rng, 64) if w else None},
+            lambda b, a: b.layer_norm(a["x"], a["w"], a["bias"], 1e-5),
+            (7, 64),
+        ))
+    return cases
+
+
+ROPE_POSITIONS = {
+    "seq": np.arange(7),
+    "multi": np.array([0, 1, 2, 3, 0, 1, 2]),  # two sequences in one ubatch
+    "far": np.array([0, 5, 1000, 4095, 30000, 77, 12]),
+}
+
+
+def rope_cases() -> list[Case]:
+    cases = []
+    for mode in ("normal", "neox"):
+        for n_rot in (64, 32):
+            for pos_kind, positions in ROPE_POSITIONS.items():
+                for freq_scale in (1.0, 0.25):
+                    suffix = f"-{pos_kind}" + ("-fs0.25" if freq_scale != 1.0 else "")
+                    cases.append(Case(
+                        f"rope-{mode}-T7-H4-D64-R{n_rot}{suffix}", "rope",
+                        {"n_rot": n_rot, "head_dim": 64, "neox": mode == "neox",
+                         "freq_base": 10000.0, "freq_scale": freq_scale},
+                        lambda rng, p=positions: {"x": _normal(rng, 7, 4, 64), "pos": p},
+                        lambda b, a, r=n_rot, m=mode, fs=freq_scale: b.rope(
+                            a["x"], a["pos"], r, 10000.0, m == "neox", fs),
+                        (7, 4, 64),
+                    ))
+    return cases
+
+
+def _attention_mask(kind: str, n_tokens: int, n_kv: int) -> np.ndarray:
+    # Queries are the last n_tokens cells written; cell c holds position c.
+    q_pos = np.arange(n_kv - n_tokens, n_kv)
+    mask = np.arange(n_kv)[None, :] <= q_pos[:, None]
+    if kind == "multi":  # cells and queries alternate between two sequences
+        mask &= (np.arange(n_kv)[None, :] % 2) == (q_pos[:, None] % 2)
+    if kind == "masked-row":
+        mask[2] = False
+    return mask
+
+
+def _masked_rows_zero(got: np.ndarray, args: dict[str, Any]) -> str | None:
+    dead = ~args["mask"].any(axis=1)
+    return "a query with no visible cell did not give zeros" if np.any(got[dead] != 0) else None
+
+
+def attention_cases() -> list[Case]:
+    cases = []
+    n_tokens, n_cells, n_kv, n_head_kv, head_dim = 5, 16, 12, 2, 32
+    shapes = [(g, head_dim) for g in (1, 2, 4)] + [(2, 16)]
+    for kind in ("causal", "multi", "masked-row"):
+        for group, dim_v in shapes:
+            n_head = n_head_kv * group
+            mask = _attention_mask(kind, n_tokens, n_kv)
+            dv = f"-Dv{dim_v}" if dim_v != head_dim else ""
+            cases.append(Case(
+                f"attention-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}",
+                "attention",
+                {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim,
+                 "head_dim_v": dim_v, "n_kv": n_kv, "n_tokens": n_tokens},
+                lambda rng, h=n_head, dv=dim_v, m=mask: _attention_inputs(
+                    rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m),
+                lambda b, a: b.attention(a["q"], a["k"], a["v"], n_kv, a["mask"],
+                                         1.0 / np.sqrt(head_dim)),
+                (n_tokens, n_head * dim_v),
+                _masked_rows_zero,
+            ))
+    return cases
+
+
+def _attention_inputs(rng, n_tokens, n_head, n_head_kv, head_dim, dim_v, n_cells, n_kv, mask):
+    k = _normal(rng, n_cells, n_head_kv, head_dim)
+    v = _normal(rng, n_cells, n_head_kv, dim_v)
+    k[n_kv:] = np.nan  # cells past n_kv must never be read
+    v[n_kv:] = np.nan
+    return {"q": _normal(rng, n_tokens, n_head, head_dim), "k": k, "v": v, "mask": mask}
+
+
+def _other_rows_kept(got: np.ndarray, args: dict[str, Any]) -> str | None:
+    kept = np.setdiff1d(np.arange(len(got)), args["rows"])
+    return None if np.all(got[kept] == 0) else "set_rows changed rows it was not given"
+
+
+def set_rows_case() -> Case:
+    rows = np.array([5, 0, 9])
+    return Case(
+        "set_rows-C16-R3-H2-D8", "set_rows", {"n_rows": 3},
+        lambda rng: {"dst": np.zeros((16, 2, 8), np.float32), "rows": rows,
+                     "src": _normal(rng, 3, 2, 8)},
+        lambda b, a: (b.set_rows(a["dst"], a["rows"], a["src"]), a["dst"])[1],
+        (16, 2, 8),
+        _other_rows_kept,
+    )
+
+
+def all_cases(qtypes: list[Any]) -> list[Case]:
+    return [*matmul_cases(qtypes), *elementwise_cases(), *norm_cases(), *rope_cases(),
+            *attention_cases(), set_rows_case()]

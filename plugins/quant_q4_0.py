@@ -1,0 +1,212 @@
+"""Q4_0: blocks of 32 4-bit codes with one float16 scale, bit-exact with GGUF.
+
+Block layout (18 bytes): ``d`` (float16) then 16 bytes whose low nibbles hold values 0..15
+of the block and high nibbles values 16..31; value = ``(q - 8) * d``. The quantizer takes
+``d = m / -8`` where ``m`` is the block's value of largest magnitude (sign kept), as ggml.
+
+The torch kernel keeps weights 4-bit in torch's int4 groupwise layout (group size 32 = one
+Q4_0 block) and multiplies with ``_weight_int4pack_mm``; torch is imported only when the
+kernel is used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+from tessera.hookspecs import hookimpl
+from tessera.quant import QuantType, WeightKernel
+
+TESSERA_PLUGIN_API = 1
+
+BLOCK_SIZE = 32
+TYPE_SIZE = 2 + BLOCK_SIZE // 2
+#: On the CPU, matmuls of this many rows or more dequantize to the compute dtype instead
+#: of using the int4 kernel (``TESSERA_Q4_0_DENSE_ROWS`` overrides; ``inf`` disables).
+DEFAULT_DENSE_MIN_ROWS = 256
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    blocks = x.reshape(-1, BLOCK_SIZE)
+    pick = np.abs(blocks).argmax(axis=1)[:, None]
+    d = np.take_along_axis(blocks, pick, axis=1) / np.float32(-8)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
+        # trunc(v + 8.5) is round-half-up of v, shifted into 0..16; 16 only for v = +8.
+        q = np.trunc(blocks * inv + np.float32(8.5)).astype(np.uint8).clip(0, 15)
+    packed = q[:, : BLOCK_SIZE // 2] | (q[:, BLOCK_SIZE // 2 :] << np.uint8(4))
+    out = np.concatenate([d.astype("<f2").view(np.uint8), packed], axis=1)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // BLOCK_SIZE * TYPE_SIZE)
+
+
+def unpack_codes(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scales ``(n_blocks, 1)`` float32 and codes 0..15 ``(n_blocks, 32)`` uint8 of Q4_0 bytes."""
+    blocks = np.ascontiguousarray(b, dtype=np.uint8).reshape(-1, TYPE_SIZE)
+    d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+    packed = blocks[:, 2:]
+    return d, np.concatenate([packed & np.uint8(0x0F), packed >> np.uint8(4)], axis=1)
+
+
+def dequantize(b: np.ndarray) -> np.ndarray:
+    d, q = unpack_codes(b)
+    values = (q.astype(np.int8) - np.int8(8)).astype(np.float32) * d
+    return values.reshape(*b.shape[:-1], b.shape[-1] // TYPE_SIZE * BLOCK_SIZE)
+
+
+Q4_0 = QuantType(
+    "Q4_0", int(GGMLQuantizationType.Q4_0), BLOCK_SIZE, TYPE_SIZE, quantize, dequantize
+)
+
+
+class TorchQ4_0Weight:
+    """A Q4_0 weight on a torch backend, kept 4-bit: torch's int4 groupwise packing.
+
+    Implements the torch backend's quantized-weight interface: ``shape``, ``matmul(x)``
+    and ``get_rows(ids)``. torch's kernel computes ``(code - 8) * scale + zero`` per group
+    of 32 inputs, so a Q4_0 block maps onto it exactly with ``scale = d`` and ``zero = 0``.
+    Output rows are padded to a multiple of 16 for the kernel and cut off again.
+
+    ``raw`` (the GGUF bytes, usually a view of the memory-mapped file, so no extra copy in
+    RAM) serves :meth:`get_rows` and, on the CPU, matmuls of at least ``dense_min_rows``
+    rows: there a dequantized bf16 matmul on the AMX units beats the int4 kernel, while
+    the int4 kernel wins for decode, where reading the weight is the cost.
+    """
+
+    def __init__(self, raw: Any, packed: Any, scales_and_zeros: Any, n_out: int, mm: Any,
+                 dtype: Any, dense_min_rows: float) -> None:
+        self.raw = raw  # uint8 (n_out, row bytes) on the CPU
+        self.packed = packed
+        self.scales_and_zeros = scales_and_zeros
+        self.mm = mm
+        self.dtype = dtype
+        self.device = packed.device
+        self.dense_min_rows = dense_min_rows
+        self.shape = (n_out, raw.shape[1] // TYPE_SIZE * BLOCK_SIZE)
+
+    def _dequantize(self, rows: Any) -> Any:
+        import torch
+
+        blocks = rows.view(rows.shape[0], -1, TYPE_SIZE)
+        d = blocks[..., :2].contiguous().view(torch.float16).float()
+        packed = blocks[..., 2:]
+        # Nibbles written straight into one float32 buffer (no uint8 concatenation, which
+        # is slow on the CPU); (q - 8) * d is exact in float32, so the only rounding is the
+        # final one to the compute dtype, as in the dequantize fallback.
+        values = torch.empty(*packed.shape[:-1], BLOCK_SIZE, dtype=torch.float32)
+        values[..., : BLOCK_SIZE // 2] = packed & 0x0F
+        values[..., BLOCK_SIZE // 2 :] = packed >> 4
+        values = values.sub_(8.0).mul_(d).flatten(1)
+        return values.to(device=self.device, dtype=self.dtype)
+
+    def matmul(self, x: Any) -> Any:
+        import torch.nn.functional as F
+
+        if x.shape[0] >= self.dense_min_rows:
+            return F.linear(x, self._dequantize(self.raw).to(x.dtype))
+        y = self.mm(x, self.packed, BLOCK_SIZE, self.scales_and_zeros)
+        return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
+
+    def get_rows(self, ids: np.ndarray) -> Any:
+        import torch
+
+        return self._dequantize(self.raw[torch.from_numpy(np.asarray(ids, dtype=np.int64))])
+
+
+def _int4_ops(device_type: str) -> tuple[Any, Any] | None:
+    """torch's (pack, matmul) int4 ops for a device type, or None where torch has none."""
+    import torch
+
+    aten = torch.ops.aten
+    names = {
+        "cpu": ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu"),
+        "cuda": ("_convert_weight_to_int4pack", "_weight_int4pack_mm"),
+    }.get(device_type)
+    if names is None or not all(hasattr(aten, n) for n in names):
+        return None
+    return getattr(aten, names[0]), getattr(aten, names[1])
+
+
+def dense_min_rows(device_type: str) -> float:
+    """Rows from which a Q4_0 matmul dequantizes instead (CPU only; env to change or disable)."""
+    if device_type != "cpu":
+        return math.inf
+    value = os.environ.get("TESSERA_Q4_0_DENSE_ROWS", "").strip()
+    return float(value) if value else float(DEFAULT_DENSE_MIN_ROWS)
+
+
+def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4_0Weight:
+    """Repack GGUF Q4_0 bytes into torch's int4 layout on the backend's device."""
+    import torch
+
+    device, dtype = backend.torch_device, backend.torch_dtype
+    pack, mm = _int4_ops(device.type)
+    n_out, n_in = raw.shape[0], int(np.prod(raw.shape[1:]))
+    rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1)
+    d, q = unpack_codes(rows)
+    n_pad = -n_out % 16  # the kernels take output rows in multiples of 16
+    codes = np.pad(q.reshape(n_out, n_in), ((0, n_pad), (0, 0)), constant_values=8)
+    scales = np.pad(d.reshape(n_out, -1), ((0, n_pad), (0, 0)))
+    if device.type == "cpu":
+        packed = pack(torch.from_numpy(codes.astype(np.int32)), 2)
+    else:  # CUDA takes two codes per byte, high nibble first, and a K-tiling factor
+        pairs = torch.from_numpy((codes[:, ::2] << 4) | codes[:, 1::2]).to(device)
+        packed = pack(pairs, next(t for t in (8, 4, 2) if n_in % (16 * t) == 0))
+    zeros = np.zeros_like(scales)
+    sz = torch.from_numpy(np.stack([scales.T, zeros.T], axis=-1)).to(device=device, dtype=dtype)
+    with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
+        warnings.simplefilter("ignore", UserWarning)
+        raw_rows = torch.from_numpy(rows)
+    if min_rows is None:
+        min_rows = dense_min_rows(device.type)
+    return TorchQ4_0Weight(raw_rows, packed, sz.contiguous(), n_out, mm, dtype, min_rows)
+
+
+def supports_torch(backend: Any) -> bool:
+    """Probe: run the int4 kernel once on a tiny weight and compare it with numpy; cached."""
+    if getattr(backend, "name", "") != "torch":
+        return False
+    cache = backend.probe_cache
+    if "Q4_0" not in cache:
+        cache["Q4_0"] = _probe(backend)
+    return cache["Q4_0"]
+
+
+def _probe(backend: Any) -> bool:
+    from tessera.gguf_file import RawTensor
+
+    if _int4_ops(backend.torch_device.type) is None:
+        return False
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 2 * BLOCK_SIZE)).astype(np.float32)
+    x = rng.standard_normal((2, 2 * BLOCK_SIZE)).astype(np.float32)
+    raw = RawTensor("probe", Q4_0.ggml_type, w.shape, Q4_0.quantize_tensor(w))
+    want = x @ Q4_0.dequantize_tensor(raw.data, w.shape).T
+    try:
+        weight = load_torch(backend, raw, min_rows=math.inf)
+        got = backend.to_numpy(weight.matmul(backend.from_numpy(x)))
+    except Exception:  # a missing or broken kernel on this device/dtype: decline
+        return False
+    return bool(np.allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max()))
+
+
+@hookimpl
+def tessera_register_quant_types(register):
+    register(Q4_0)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        WeightKernel(
+            backend="torch",
+            quant_type="Q4_0",
+            supports=supports_torch,
+            load=load_torch,
+            description="torch int4 groupwise kernel (4-bit in memory)",
+        )
+    )
