@@ -98,6 +98,20 @@ class Architecture(ABC):
     def build(self, config: Any, weights: Mapping[str, Any], backend: Any) -> ModelGraph:
         """Build the forward pass over loaded weights (GGUF names) on ``backend``."""
 
+    def example_config(self, **overrides: Any) -> Any:
+        """A small valid config for test models (``tessera.testing.models.make_gguf``).
+
+        Accepts ``arch`` (which of :attr:`names` to make, default the first), at least the
+        generic sizes ``n_vocab``, ``n_embd``, ``n_layer``, ``n_head``, ``n_head_kv`` and
+        ``n_ff``, and any field of the architecture's own config; what is not given takes
+        a small default. An architecture that cannot make test models
+        leaves this unimplemented.
+        """
+        raise NotImplementedError(
+            f"architecture plugin {type(self).__name__} does not implement example_config(), "
+            "so tessera.testing cannot make test models for it; add the method to the plugin"
+        )
+
     def n_vocab(self, config: Any) -> int:
         """Vocabulary size (rows of the output head)."""
         return int(config.n_vocab)

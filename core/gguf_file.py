@@ -108,7 +108,12 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
             f"'{path}' is truncated or corrupt ({exc}); download or convert it again"
         ) from exc
     size = path.stat().st_size
-    metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+    # The reader lists the header counts as pseudo-keys "GGUF.*"; they are not metadata.
+    metadata = {
+        name: _field_value(field)
+        for name, field in reader.fields.items()
+        if not name.startswith("GGUF.")
+    }
     tensors: dict[str, RawTensor] = {}
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)

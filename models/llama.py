@@ -68,6 +68,7 @@ _HF_LAYER_NAMES = {
     "self_attn.k_proj.weight": "attn_k.weight",
     "self_attn.v_proj.weight": "attn_v.weight",
     "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
     "self_attn.q_proj.bias": "attn_q.bias",
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
@@ -237,6 +238,24 @@ class LlamaArchitecture(Architecture):
                 value = _permute_for_normal_rope(np.asarray(value), c.n_head_kv)
             yield name, value
 
+    def example_config(self, **overrides: Any) -> LlamaConfig:
+        arch = overrides.get("arch", "llama")
+        fields = {
+            "arch": arch,
+            "n_vocab": 256,
+            "n_embd": 64,
+            "n_layer": 2,
+            "n_ff": 128,
+            "n_head": 4,
+            "n_head_kv": 2,
+            "rms_eps": 1e-6 if arch != "llama" else 1e-5,
+            "rope_neox": arch != "llama",
+            "attn_bias": arch == "qwen2",
+            "qk_norm": arch == "qwen3",
+        } | overrides
+        fields.setdefault("head_dim", fields["n_embd"] // fields["n_head"])
+        return LlamaConfig(**fields)
+
     def kv_layout(self, c: LlamaConfig) -> list[KVLayerLayout | None]:
         return [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)] * c.n_layer
 
@@ -280,7 +299,7 @@ class LlamaGraph:
         b.set_rows(kv.k[il], kv.cells, k)
         b.set_rows(kv.v[il], kv.cells, v)
         out = b.attention(q, kv.k[il], kv.v[il], kv.n_kv, kv.mask, self.attn_scale)
-        return b.matmul(out, self.w[p + "attn_output.weight"])
+        return self._project(out, p + "attn_output")
 
     def forward(self, inp: ForwardInput) -> Any:
         b, c = self.b, self.c
