@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import numpy as np
+
 from tessera.backend import Backend, BackendInfo
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl

@@ -79,9 +79,7 @@ def pick_device(device: str | None) -> Any:
                 f"{torch.cuda.device_count()} CUDA device(s)"
             )
     elif dev.type != "cpu":
-        raise UnknownBackendError(
-            f"the torch backend runs on 'cpu' or 'cuda', not '{device}'"
-        )
+        raise UnknownBackendError(f"the torch backend runs on 'cpu' or 'cuda', not '{device}'")
     return dev
 
 

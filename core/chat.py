@@ -20,6 +20,7 @@ import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from tessera.errors import TesseraError
 
 #: Used when a model has no chat template of its own (ChatML, as llama.cpp falls back to).
@@ -63,11 +64,22 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def _tojson(value: Any, indent: int | None = None, separators: Sequence[str] | None = None,
-            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: Sequence[str] | None = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = False,
+) -> str:
     # HF's tojson: unlike Jinja's own, it keeps non-ASCII text and does not HTML-escape
-    return json.dumps(value, indent=indent, separators=tuple(separators) if separators else None,
-                      sort_keys=sort_keys, ensure_ascii=ensure_ascii, default=_json_default)
+    return json.dumps(
+        value,
+        indent=indent,
+        separators=tuple(separators) if separators else None,
+        sort_keys=sort_keys,
+        ensure_ascii=ensure_ascii,
+        default=_json_default,
+    )
 
 
 def _from_json(text: str) -> Any:
@@ -104,8 +116,11 @@ class _ChatEnvironment(ImmutableSandboxedEnvironment):
 
 
 def _environment() -> jinja2.Environment:
-    env = _ChatEnvironment(trim_blocks=True, lstrip_blocks=True,
-                           extensions=["jinja2.ext.loopcontrols", _GenerationExtension])
+    env = _ChatEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _GenerationExtension],
+    )
     env.filters["tojson"] = _tojson
     env.filters["from_json"] = _from_json
     env.globals["raise_exception"] = _raise_exception
@@ -128,8 +143,13 @@ class ChatTemplate:
                 "template or pass a different one"
             ) from exc
 
-    def render(self, messages: list[dict], tools: list[dict] | None = None,
-               add_generation_prompt: bool = True, **extra: Any) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        **extra: Any,
+    ) -> str:
         """The prompt text for ``messages`` (and ``tools``), ending with the assistant's cue."""
         variables: dict[str, Any] = {
             "bos_token": self.bos_token,
@@ -156,8 +176,9 @@ class ChatTemplate:
             ) from exc
 
 
-def template_for(metadata: Mapping[str, Any], bos_token: str = "",
-                 eos_token: str = "") -> ChatTemplate:
+def template_for(
+    metadata: Mapping[str, Any], bos_token: str = "", eos_token: str = ""
+) -> ChatTemplate:
     """The model's own template from its metadata, or ChatML when it has none."""
     source = metadata.get("tokenizer.chat_template") or DEFAULT_CHATML
     return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token)

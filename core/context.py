@@ -7,6 +7,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.arch import ForwardInput
 from tessera.batch import Batch
 from tessera.errors import ContextOverflowError, TesseraError

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 import numpy as np
+
 from tessera.batch import Batch
 from tessera.context import Context
 from tessera.errors import ContextOverflowError

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"

@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.errors import TesseraError
 from tessera.gguf_file import RawTensor
 

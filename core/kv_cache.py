@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.arch import KVLayerLayout
 from tessera.errors import ContextOverflowError
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.errors import ModelFileError
 from tessera.gguf_file import RawTensor, read_gguf
 

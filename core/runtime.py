@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import pluggy
+
 from tessera import PLUGIN_API_VERSION, hookspecs
 from tessera.errors import (
     PluginError,

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import attrs
 import numpy as np
+
 from tessera.errors import TesseraError
 
 

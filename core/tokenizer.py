@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from tessera.errors import TesseraError
 
 log = logging.getLogger(__name__)
@@ -50,30 +51,56 @@ class TokenType(enum.IntEnum):
 
 
 # Tokens llama.cpp treats as end-of-generation by their text (and forces to control type).
-EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
-})
+EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<｜end▁of▁sentence｜>",
+    }
+)
 
 # -- pre-tokenizer regexes, per tokenizer.ggml.pre (the sets llama.cpp uses) -------------------
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _CASED = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-_GPT4O = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CASED}"
-          rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CASED}"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_TEKKEN = (rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
-           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CASED}"
+    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CASED}"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN = (
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _DEEPSEEK_LLM_LETTERS = (
     "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕ"
     "ἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳ"
@@ -100,42 +127,73 @@ def _group(names: str, pre: PreTokenizer) -> dict[str, PreTokenizer]:
 
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "default": PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]")),
-    **_group("gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de jina-v1-en jina-v2-code "
-             "roberta-bpe a.x-4.0 mellum modern-bert mpt olmo jais trillion granite-docling "
-             "exaone4", PreTokenizer((_GPT2,))),
-    **_group("llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
-             _LLAMA3_PRE),
+    **_group(
+        "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de jina-v1-en jina-v2-code "
+        "roberta-bpe a.x-4.0 mellum modern-bert mpt olmo jais trillion granite-docling "
+        "exaone4",
+        PreTokenizer((_GPT2,)),
+    ),
+    **_group(
+        "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
+        _LLAMA3_PRE,
+    ),
     **_group("dbrx smaug-bpe", PreTokenizer((_LLAMA3,))),
     **_group("glm4 chatglm-bpe", PreTokenizer((_LLAMA3,), has_bos=False)),
-    **_group("qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open",
-             PreTokenizer((_QWEN2,))),
+    **_group(
+        "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open",
+        PreTokenizer((_QWEN2,)),
+    ),
     "qwen35": PreTokenizer((_QWEN35,)),
-    **_group("starcoder refact command-r smollm codeshell exaone minerva-7b mellum2",
-             PreTokenizer((r"\p{N}", _GPT2))),
+    **_group(
+        "starcoder refact command-r smollm codeshell exaone minerva-7b mellum2",
+        PreTokenizer((r"\p{N}", _GPT2)),
+    ),
     "falcon": PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")),
     **_group("gpt-4o llama4 kanana2 talkie minimax-m2", PreTokenizer((_GPT4O,))),
     "tekken": PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
-    "deepseek-llm": PreTokenizer((
-        r"[\r\n]", rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+", r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$",
-        "[一-龥ࠀ-一가-퟿]+", r"\p{N}+",
-    )),
-    "deepseek-coder": PreTokenizer((
-        r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}",
-    )),
-    **_group("deepseek-v3 hunyuan-dense joyai-llm hy_v4", PreTokenizer((
-        r"\p{N}{1,3}", "[一-龥぀-ゟ゠-ヿ]+",
-        r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-        r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ))),
+    "deepseek-llm": PreTokenizer(
+        (
+            r"[\r\n]",
+            rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
+            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+            r"\s+$",
+            "[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}+",
+        )
+    ),
+    "deepseek-coder": PreTokenizer(
+        (
+            r"[\r\n]",
+            r"\s?\p{L}+",
+            r"\s?\p{P}+",
+            "[一-龥ࠀ-一가-퟿]+",
+            r"\p{N}",
+        )
+    ),
+    **_group(
+        "deepseek-v3 hunyuan-dense joyai-llm hy_v4",
+        PreTokenizer(
+            (
+                r"\p{N}{1,3}",
+                "[一-龥぀-ゟ゠-ヿ]+",
+                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+            )
+        ),
+    ),
     **_group("poro-chat bloom gpt3-finnish", PreTokenizer((r" ?[^(\s|.,!?…。，、।۔،)]+",))),
 }
 
 # The Split regexes of Hugging Face tokenizer.json files, mapped to the llama.cpp pre name.
 HF_PRE_REGEXES: dict[tuple[str, ...], str] = {
-    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-     r"|\s*[\r\n]+|\s+(?!\S)|\s+",): "llama-bpe",
-    (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-     r"|\s*[\r\n]+|\s+(?!\S)|\s+",): "qwen2",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ): "llama-bpe",
+    (
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ): "qwen2",
     (_GPT2 + r"|\s+",): "gpt-2",
     (r"\p{N}", _GPT2 + r"|\s+"): "smollm",
     (_GPT4O,): "gpt-4o",
@@ -160,11 +218,34 @@ _CHAR_TO_BYTE = {c: b for b, c in _byte_to_char().items()}
 
 # -- BERT (WPM) normalization, as llama.cpp's WPM preprocess does it --------------------------
 
-_WHITESPACE = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680,
-                                  *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F,
-                                  0x3000]))
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_WHITESPACE = frozenset(
+    map(
+        chr,
+        [
+            *range(0x09, 0x0E),
+            0x20,
+            0x85,
+            0xA0,
+            0x1680,
+            *range(0x2000, 0x200B),
+            0x2028,
+            0x2029,
+            0x202F,
+            0x205F,
+            0x3000,
+        ],
+    )
+)
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B920, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 def _is_cjk(cp: int) -> bool:
@@ -249,34 +330,47 @@ class Tokenizer:
         for i, text in enumerate(self._tokens):
             self._ids.setdefault(text, i)  # llama.cpp rejects duplicates; keep the first
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
-        self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix",
-                                                  model == "llama"))
+        self.add_space_prefix = bool(
+            metadata.get("tokenizer.ggml.add_space_prefix", model == "llama")
+        )
 
         pre_name = metadata.get("tokenizer.ggml.pre")
         self.pre: PreTokenizer | None = self._pick_pre(pre_name) if model == "gpt2" else None
         self._special_ids(metadata)
-        self.add_bos = bool(metadata.get(
-            "tokenizer.ggml.add_bos_token",
-            model in ("llama", "bert") or (self.pre is not None and self.pre.add_bos)))
+        self.add_bos = bool(
+            metadata.get(
+                "tokenizer.ggml.add_bos_token",
+                model in ("llama", "bert") or (self.pre is not None and self.pre.add_bos),
+            )
+        )
         self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
         self.add_sep = bool(metadata.get("tokenizer.ggml.add_sep_token", model == "bert"))
-        for flag, tid, what in ((self.add_bos, self.bos_id, "BOS"), (self.add_eos, self.eos_id,
-                                "EOS"), (self.add_sep, self.sep_id, "SEP")):
+        for flag, tid, what in (
+            (self.add_bos, self.bos_id, "BOS"),
+            (self.add_eos, self.eos_id, "EOS"),
+            (self.add_sep, self.sep_id, "SEP"),
+        ):
             if flag and tid is None:
                 raise TokenizerError(
                     f"the vocabulary asks for a {what} token but names none; fix the "
                     f"tokenizer.ggml.add_*_token / *_token_id metadata"
                 )
         self._wpm_lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
-        self._wpm_strip_accents = bool(metadata.get(
-            "tokenizer.ggml.normalizer.strip_accents", self._wpm_lowercase))
+        self._wpm_strip_accents = bool(
+            metadata.get("tokenizer.ggml.normalizer.strip_accents", self._wpm_lowercase)
+        )
         self._find_eog()
-        self._strip_attrs(str(metadata.get("general.name", "")), str(pre_name or ""),
-                          str(metadata.get("general.architecture", "")))
+        self._strip_attrs(
+            str(metadata.get("general.name", "")),
+            str(pre_name or ""),
+            str(metadata.get("general.architecture", "")),
+        )
         # Tokens cut out of raw text before the model runs: longest first, as llama.cpp does.
         cut = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
-        self._cut_order = sorted((i for i in range(n) if self._types[i] in cut),
-                                 key=lambda i: (-len(self._tokens[i].encode()), i))
+        self._cut_order = sorted(
+            (i for i in range(n) if self._types[i] in cut),
+            key=lambda i: (-len(self._tokens[i].encode()), i),
+        )
         self._hf = self._build_model(metadata)
         self._piece_cache: dict[int, bytes] = {}
 
@@ -308,8 +402,11 @@ class Tokenizer:
             log.warning("the vocabulary names no pre-tokenizer; using llama.cpp's 'default'")
             return PRE_TOKENIZERS["default"]
         if name not in PRE_TOKENIZERS:
-            log.warning("pre-tokenizer '%s' is not known to tessera; falling back to 'gpt-2', "
-                        "so tokenization may differ from the model's", name)
+            log.warning(
+                "pre-tokenizer '%s' is not known to tessera; falling back to 'gpt-2', "
+                "so tokenization may differ from the model's",
+                name,
+            )
             return PRE_TOKENIZERS["gpt-2"]
         return PRE_TOKENIZERS[name]
 
@@ -355,15 +452,17 @@ class Tokenizer:
         self._rstrip: set[int] = set()
         name = model_name.lower()
         if any(s in pre_name for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
-                s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
+            s in arch for s in ("nomic-bert-moe", "jina-bert-v3")
+        ):
             if "<mask>" in self._ids:
                 self._lstrip.add(self._ids["<mask>"])
         elif "phi-3" in name or "phi3" in name:
             cut = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
             self._rstrip = {i for i, t in enumerate(self._types) if t in cut}
             self._rstrip |= {self._ids[t] for t in ("</s>",) if t in self._ids}
-            self._rstrip -= {self._ids[t] for t in ("<unk>", "<s>", "<|endoftext|>")
-                             if t in self._ids}
+            self._rstrip -= {
+                self._ids[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in self._ids
+            }
         elif "modern-bert" in name and "[MASK]" in self._ids:
             self._lstrip.add(self._ids["[MASK]"])
 
@@ -375,23 +474,29 @@ class Tokenizer:
             merges = _parse_merges(metadata.get("tokenizer.ggml.merges"), self._ids)
             assert self.pre is not None
             hf = HFTokenizer(models.BPE(self._ids, merges, ignore_merges=self.pre.ignore_merges))
-            splits = [pre_tokenizers.Split(Regex(r), behavior="isolated")
-                      for r in self.pre.regexes]
+            splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.pre.regexes]
             hf.pre_tokenizer = pre_tokenizers.Sequence(
-                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
             return hf
         if self.model == "llama":
             scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(self._tokens)
             unk = self._tokens[self.unk_id] if self.unk_id is not None else None
-            return HFTokenizer(models.BPE(self._ids, _spm_merges(self._tokens, scores, self._ids),
-                                          unk_token=unk, byte_fallback=True))
+            return HFTokenizer(
+                models.BPE(
+                    self._ids,
+                    _spm_merges(self._tokens, scores, self._ids),
+                    unk_token=unk,
+                    byte_fallback=True,
+                )
+            )
         # bert: llama.cpp's vocab marks word starts with ▁; WordPiece marks the rest with ##
-        vocab = {(t[1:] if t.startswith(SPACE_MARKER) else "##" + t): i
-                 for t, i in self._ids.items()}
+        vocab = {
+            (t[1:] if t.startswith(SPACE_MARKER) else "##" + t): i for t, i in self._ids.items()
+        }
         unk_id = self.unk_id if self.unk_id is not None else 0
         unk = next(k for k, v in vocab.items() if v == unk_id)
-        return HFTokenizer(models.WordPiece(vocab, unk_token=unk,
-                                            max_input_chars_per_word=1 << 30))
+        return HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 30))
 
     # -- properties -------------------------------------------------------------------------
 
@@ -437,15 +542,17 @@ class Tokenizer:
             if self.model == "llama":
                 if self.add_space_prefix and prev_special:
                     frag = " " + frag
-                out += self._hf.encode(frag.replace(" ", SPACE_MARKER),
-                                       add_special_tokens=False).ids
+                out += self._hf.encode(
+                    frag.replace(" ", SPACE_MARKER), add_special_tokens=False
+                ).ids
             elif self.model == "gpt2":
                 out += self._hf.encode(frag, add_special_tokens=False).ids
             else:
                 words = wpm_words(frag, self._wpm_lowercase, self._wpm_strip_accents)
                 if words:
-                    out += self._hf.encode(words, is_pretokenized=True,
-                                           add_special_tokens=False).ids
+                    out += self._hf.encode(
+                        words, is_pretokenized=True, add_special_tokens=False
+                    ).ids
             prev_special = False
         if add_special and self.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
@@ -502,8 +609,9 @@ class Tokenizer:
         if kind == TokenType.BYTE and text.startswith("<0x") and len(text) == 6:
             return bytes([int(text[3:5], 16)])
         if self.model == "gpt2":
-            return b"".join(bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode()
-                            for c in text)
+            return b"".join(
+                bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode() for c in text
+            )
         return text.replace(SPACE_MARKER, " ").encode()
 
     def token_to_piece(self, token_id: int) -> str:
@@ -561,7 +669,7 @@ def _parse_merges(merges: Sequence[str] | None, ids: Mapping[str, int]) -> list[
         cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first char
         if cut < 0:
             continue
-        left, right = merge[:cut], merge[cut + 1:]
+        left, right = merge[:cut], merge[cut + 1 :]
         # HF's BPE needs every part and product in the vocabulary; llama.cpp would fall back
         # to bytes for a product that is not, which no real vocabulary relies on.
         if left in ids and right in ids and left + right in ids:
@@ -569,8 +677,9 @@ def _parse_merges(merges: Sequence[str] | None, ids: Mapping[str, int]) -> list[
     return pairs
 
 
-def _spm_merges(tokens: Sequence[str], scores: Sequence[float],
-                ids: Mapping[str, int]) -> list[tuple[str, str]]:
+def _spm_merges(
+    tokens: Sequence[str], scores: Sequence[float], ids: Mapping[str, int]
+) -> list[tuple[str, str]]:
     """Merges that make HF's BPE behave like llama.cpp's SPM tokenizer.
 
     llama.cpp repeatedly merges the adjacent pair whose concatenation is the vocabulary token
@@ -639,7 +748,8 @@ def _token_content(value: Any) -> str | None:
 def _looks_special(text: str) -> bool:
     # llama.cpp's converter also treats <|...|> and <｜...｜> tokens as control tokens
     return (text.startswith("<|") and text.endswith("|>")) or (
-        text.startswith("<｜") and text.endswith("｜>"))
+        text.startswith("<｜") and text.endswith("｜>")
+    )
 
 
 def hf_dir_metadata(path: Path) -> dict[str, Any]:

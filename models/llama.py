@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.arch import Architecture, ForwardInput, KVLayerLayout
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl

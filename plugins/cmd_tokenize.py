@@ -14,18 +14,26 @@ TESSERA_PLUGIN_API = 1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-m", "--model", default=None,
+        "-m",
+        "--model",
+        default=None,
         help="GGUF file (vocab-only files work) or Hugging Face folder (default: bundled model)",
     )
     parser.add_argument("text", help="the text to tokenize")
-    parser.add_argument("--ids", action="store_true",
-                        help="print only the list of ids, like [1, 15043, 3186]")
-    parser.add_argument("--no-bos", action="store_true",
-                        help="do not add the BOS/EOS tokens the model asks for")
-    parser.add_argument("--parse-special", action="store_true",
-                        help="turn control tokens written in the text (<|im_start|>) into ids")
-    parser.add_argument("--show-count", action="store_true",
-                        help="print the number of tokens at the end")
+    parser.add_argument(
+        "--ids", action="store_true", help="print only the list of ids, like [1, 15043, 3186]"
+    )
+    parser.add_argument(
+        "--no-bos", action="store_true", help="do not add the BOS/EOS tokens the model asks for"
+    )
+    parser.add_argument(
+        "--parse-special",
+        action="store_true",
+        help="turn control tokens written in the text (<|im_start|>) into ids",
+    )
+    parser.add_argument(
+        "--show-count", action="store_true", help="print the number of tokens at the end"
+    )
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:

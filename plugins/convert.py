@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from tessera.commands import Command
 from tessera.errors import ModelFileError, TesseraError
 from tessera.gguf_writer import QUANTIZATION_VERSION, encode_tensor, storage_types, write_gguf
@@ -86,9 +87,7 @@ def tokenizer_metadata(hf_dir: Path) -> dict[str, Any]:
 def _check_outtype(outtype: str) -> str:
     key = outtype.lower()
     if key not in OUTTYPES:
-        raise TesseraError(
-            f"unknown --outtype '{outtype}'; choose one of: {', '.join(OUTTYPES)}"
-        )
+        raise TesseraError(f"unknown --outtype '{outtype}'; choose one of: {', '.join(OUTTYPES)}")
     return key
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType
+
 from tessera.hookspecs import hookimpl
 from tessera.quant import QuantType
 

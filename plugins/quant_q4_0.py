@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
+
 from tessera.hookspecs import hookimpl
 from tessera.quant import QuantType, WeightKernel
 
@@ -77,8 +78,16 @@ class TorchQ4_0Weight:
     the int4 kernel wins for decode, where reading the weight is the cost.
     """
 
-    def __init__(self, raw: Any, packed: Any, scales_and_zeros: Any, n_out: int, mm: Any,
-                 dtype: Any, dense_min_rows: float) -> None:
+    def __init__(
+        self,
+        raw: Any,
+        packed: Any,
+        scales_and_zeros: Any,
+        n_out: int,
+        mm: Any,
+        dtype: Any,
+        dense_min_rows: float,
+    ) -> None:
         self.raw = raw  # uint8 (n_out, row bytes) on the CPU
         self.packed = packed
         self.scales_and_zeros = scales_and_zeros

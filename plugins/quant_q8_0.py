@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
+
 from tessera.hookspecs import hookimpl
 from tessera.quant import QuantType, WeightKernel
 

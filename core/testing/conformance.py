@@ -39,6 +39,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.backend import Backend
 from tessera.gguf_file import RawTensor
 
@@ -128,7 +129,10 @@ def run_case(backend: Backend, case: Case, reference: Backend) -> CaseResult:
     tol = tolerance(case.op, backend.dtype)
     if got.shape != case.out_shape or want.shape != case.out_shape:
         return CaseResult(
-            case.id, "fail", math.inf, tol,
+            case.id,
+            "fail",
+            math.inf,
+            tol,
             f"shape {got.shape} (reference {want.shape}), expected {case.out_shape}",
         )
     if not np.array_equal(np.isnan(got), np.isnan(want)):

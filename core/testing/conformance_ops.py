@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from tessera.testing.conformance import Case, Weight
 
 
@@ -24,51 +25,87 @@ def matmul_cases(qtypes: list[Any]) -> list[Case]:
         n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size
         n_out = 48
         for n_tokens in (1, 7, 33):
-            cases.append(Case(
-                f"matmul-{qt.name}-T{n_tokens}-N{n_out}-K{n_in}",
-                "matmul",
-                {"quant_type": qt.name, "n_tokens": n_tokens, "n_out": n_out, "n_in": n_in},
-                lambda rng, qt=qt, t=n_tokens, k=n_in, n=n_out: {
-                    "x": _normal(rng, t, k), "w": Weight(_normal(rng, n, k, scale=0.1), qt)},
-                lambda b, a: b.matmul(a["x"], a["w"]),
-                (n_tokens, n_out),
-            ))
+            cases.append(
+                Case(
+                    f"matmul-{qt.name}-T{n_tokens}-N{n_out}-K{n_in}",
+                    "matmul",
+                    {"quant_type": qt.name, "n_tokens": n_tokens, "n_out": n_out, "n_in": n_in},
+                    lambda rng, qt=qt, t=n_tokens, k=n_in, n=n_out: {
+                        "x": _normal(rng, t, k),
+                        "w": Weight(_normal(rng, n, k, scale=0.1), qt),
+                    },
+                    lambda b, a: b.matmul(a["x"], a["w"]),
+                    (n_tokens, n_out),
+                )
+            )
         ids = np.array([3, 0, n_out - 1, 3, 11])
-        cases.append(Case(
-            f"get_rows-{qt.name}-R{len(ids)}-N{n_out}-K{n_in}",
-            "get_rows",
-            {"quant_type": qt.name, "n_rows": len(ids)},
-            lambda rng, qt=qt, k=n_in, n=n_out, ids=ids: {
-                "w": Weight(_normal(rng, n, k), qt), "ids": ids},
-            lambda b, a: b.get_rows(a["w"], a["ids"]),
-            (len(ids), n_in),
-        ))
+        cases.append(
+            Case(
+                f"get_rows-{qt.name}-R{len(ids)}-N{n_out}-K{n_in}",
+                "get_rows",
+                {"quant_type": qt.name, "n_rows": len(ids)},
+                lambda rng, qt=qt, k=n_in, n=n_out, ids=ids: {
+                    "w": Weight(_normal(rng, n, k), qt),
+                    "ids": ids,
+                },
+                lambda b, a: b.get_rows(a["w"], a["ids"]),
+                (len(ids), n_in),
+            )
+        )
     return cases
 
 
 def elementwise_cases() -> list[Case]:
-    shapes = {"same": ((7, 64), (7, 64)), "row": ((7, 64), (64,)), "col": ((7, 64), (7, 1)),
-              "heads": ((7, 4, 16), (1, 4, 16))}
+    shapes = {
+        "same": ((7, 64), (7, 64)),
+        "row": ((7, 64), (64,)),
+        "col": ((7, 64), (7, 1)),
+        "heads": ((7, 4, 16), (1, 4, 16)),
+    }
     cases = []
     for op in ("add", "mul"):
         for kind, (sa, sb) in shapes.items():
-            cases.append(Case(
-                f"{op}-{kind}-{'x'.join(map(str, sa))}-by-{'x'.join(map(str, sb))}",
-                op, {"shape_a": sa, "shape_b": sb},
-                lambda rng, sa=sa, sb=sb: {"a": _normal(rng, *sa), "b": _normal(rng, *sb)},
-                lambda b, a, op=op: getattr(b, op)(a["a"], a["b"]),
-                sa,
-            ))
-    cases.append(Case("scale-T7-E64-s0.125", "scale", {"s": 0.125},
-                      lambda rng: {"x": _normal(rng, 7, 64)},
-                      lambda b, a: b.scale(a["x"], 0.125), (7, 64)))
+            cases.append(
+                Case(
+                    f"{op}-{kind}-{'x'.join(map(str, sa))}-by-{'x'.join(map(str, sb))}",
+                    op,
+                    {"shape_a": sa, "shape_b": sb},
+                    lambda rng, sa=sa, sb=sb: {"a": _normal(rng, *sa), "b": _normal(rng, *sb)},
+                    lambda b, a, op=op: getattr(b, op)(a["a"], a["b"]),
+                    sa,
+                )
+            )
+    cases.append(
+        Case(
+            "scale-T7-E64-s0.125",
+            "scale",
+            {"s": 0.125},
+            lambda rng: {"x": _normal(rng, 7, 64)},
+            lambda b, a: b.scale(a["x"], 0.125),
+            (7, 64),
+        )
+    )
     for op in ("silu", "gelu"):
-        cases.append(Case(f"{op}-T7-E64", op, {},
-                          lambda rng: {"x": _normal(rng, 7, 64, scale=3.0)},
-                          lambda b, a, op=op: getattr(b, op)(a["x"]), (7, 64)))
-    cases.append(Case("swiglu-T7-E64", "swiglu", {},
-                      lambda rng: {"g": _normal(rng, 7, 64, scale=3.0), "u": _normal(rng, 7, 64)},
-                      lambda b, a: b.swiglu(a["g"], a["u"]), (7, 64)))
+        cases.append(
+            Case(
+                f"{op}-T7-E64",
+                op,
+                {},
+                lambda rng: {"x": _normal(rng, 7, 64, scale=3.0)},
+                lambda b, a, op=op: getattr(b, op)(a["x"]),
+                (7, 64),
+            )
+        )
+    cases.append(
+        Case(
+            "swiglu-T7-E64",
+            "swiglu",
+            {},
+            lambda rng: {"g": _normal(rng, 7, 64, scale=3.0), "u": _normal(rng, 7, 64)},
+            lambda b, a: b.swiglu(a["g"], a["u"]),
+            (7, 64),
+        )
+    )
     return cases
 
 
@@ -82,26 +119,37 @@ def norm_cases() -> list[Case]:
     for shape, tag in (((7, 64), "T7-E64"), ((7, 4, 16), "T7-H4-D16")):
         for weighted in (False, True):
             name = "rms_norm-weight" if weighted else "rms_norm"
-            cases.append(Case(
-                f"{name}-{tag}", "rms_norm", {"weight": weighted},
-                # rows of very different scales: the statistics must not lose precision
-                lambda rng, s=shape, w=weighted: {
-                    "x": _normal(rng, *s) * np.float32(10.0) ** rng.integers(-2, 3, s[:-1] + (1,)),
-                    "w": _normal(rng, s[-1]) if w else None},
-                lambda b, a: b.rms_norm(a["x"], a["w"], 1e-6),
-                shape,
-                None if weighted else _unit_rms,
-            ))
+            cases.append(
+                Case(
+                    f"{name}-{tag}",
+                    "rms_norm",
+                    {"weight": weighted},
+                    # rows of very different scales: the statistics must not lose precision
+                    lambda rng, s=shape, w=weighted: {
+                        "x": _normal(rng, *s)
+                        * np.float32(10.0) ** rng.integers(-2, 3, s[:-1] + (1,)),
+                        "w": _normal(rng, s[-1]) if w else None,
+                    },
+                    lambda b, a: b.rms_norm(a["x"], a["w"], 1e-6),
+                    shape,
+                    None if weighted else _unit_rms,
+                )
+            )
     for weighted in (False, True):
-        cases.append(Case(
-            f"layer_norm{'-weight-bias' if weighted else ''}-T7-E64", "layer_norm",
-            {"weight": weighted, "bias": weighted},
-            lambda rng, w=weighted: {
-                "x": _normal(rng, 7, 64) + np.float32(5.0),  # a mean far from zero
-                "w": _normal(rng, 64) if w else None, "bias": _normal(rng, 64) if w else None},
-            lambda b, a: b.layer_norm(a["x"], a["w"], a["bias"], 1e-5),
-            (7, 64),
-        ))
+        cases.append(
+            Case(
+                f"layer_norm{'-weight-bias' if weighted else ''}-T7-E64",
+                "layer_norm",
+                {"weight": weighted, "bias": weighted},
+                lambda rng, w=weighted: {
+                    "x": _normal(rng, 7, 64) + np.float32(5.0),  # a mean far from zero
+                    "w": _normal(rng, 64) if w else None,
+                    "bias": _normal(rng, 64) if w else None,
+                },
+                lambda b, a: b.layer_norm(a["x"], a["w"], a["bias"], 1e-5),
+                (7, 64),
+            )
+        )
     return cases
 
 
@@ -119,15 +167,24 @@ def rope_cases() -> list[Case]:
             for pos_kind, positions in ROPE_POSITIONS.items():
                 for freq_scale in (1.0, 0.25):
                     suffix = f"-{pos_kind}" + ("-fs0.25" if freq_scale != 1.0 else "")
-                    cases.append(Case(
-                        f"rope-{mode}-T7-H4-D64-R{n_rot}{suffix}", "rope",
-                        {"n_rot": n_rot, "head_dim": 64, "neox": mode == "neox",
-                         "freq_base": 10000.0, "freq_scale": freq_scale},
-                        lambda rng, p=positions: {"x": _normal(rng, 7, 4, 64), "pos": p},
-                        lambda b, a, r=n_rot, m=mode, fs=freq_scale: b.rope(
-                            a["x"], a["pos"], r, 10000.0, m == "neox", fs),
-                        (7, 4, 64),
-                    ))
+                    cases.append(
+                        Case(
+                            f"rope-{mode}-T7-H4-D64-R{n_rot}{suffix}",
+                            "rope",
+                            {
+                                "n_rot": n_rot,
+                                "head_dim": 64,
+                                "neox": mode == "neox",
+                                "freq_base": 10000.0,
+                                "freq_scale": freq_scale,
+                            },
+                            lambda rng, p=positions: {"x": _normal(rng, 7, 4, 64), "pos": p},
+                            lambda b, a, r=n_rot, m=mode, fs=freq_scale: b.rope(
+                                a["x"], a["pos"], r, 10000.0, m == "neox", fs
+                            ),
+                            (7, 4, 64),
+                        )
+                    )
     return cases
 
 
@@ -156,18 +213,28 @@ def attention_cases() -> list[Case]:
             n_head = n_head_kv * group
             mask = _attention_mask(kind, n_tokens, n_kv)
             dv = f"-Dv{dim_v}" if dim_v != head_dim else ""
-            cases.append(Case(
-                f"attention-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}",
-                "attention",
-                {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim,
-                 "head_dim_v": dim_v, "n_kv": n_kv, "n_tokens": n_tokens},
-                lambda rng, h=n_head, dv=dim_v, m=mask: _attention_inputs(
-                    rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m),
-                lambda b, a: b.attention(a["q"], a["k"], a["v"], n_kv, a["mask"],
-                                         1.0 / np.sqrt(head_dim)),
-                (n_tokens, n_head * dim_v),
-                _masked_rows_zero,
-            ))
+            cases.append(
+                Case(
+                    f"attention-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}",
+                    "attention",
+                    {
+                        "n_head": n_head,
+                        "n_head_kv": n_head_kv,
+                        "head_dim": head_dim,
+                        "head_dim_v": dim_v,
+                        "n_kv": n_kv,
+                        "n_tokens": n_tokens,
+                    },
+                    lambda rng, h=n_head, dv=dim_v, m=mask: _attention_inputs(
+                        rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m
+                    ),
+                    lambda b, a: b.attention(
+                        a["q"], a["k"], a["v"], n_kv, a["mask"], 1.0 / np.sqrt(head_dim)
+                    ),
+                    (n_tokens, n_head * dim_v),
+                    _masked_rows_zero,
+                )
+            )
     return cases
 
 
@@ -187,9 +254,14 @@ def _other_rows_kept(got: np.ndarray, args: dict[str, Any]) -> str | None:
 def set_rows_case() -> Case:
     rows = np.array([5, 0, 9])
     return Case(
-        "set_rows-C16-R3-H2-D8", "set_rows", {"n_rows": 3},
-        lambda rng: {"dst": np.zeros((16, 2, 8), np.float32), "rows": rows,
-                     "src": _normal(rng, 3, 2, 8)},
+        "set_rows-C16-R3-H2-D8",
+        "set_rows",
+        {"n_rows": 3},
+        lambda rng: {
+            "dst": np.zeros((16, 2, 8), np.float32),
+            "rows": rows,
+            "src": _normal(rng, 3, 2, 8),
+        },
         lambda b, a: (b.set_rows(a["dst"], a["rows"], a["src"]), a["dst"])[1],
         (16, 2, 8),
         _other_rows_kept,
@@ -197,5 +269,11 @@ def set_rows_case() -> Case:
 
 
 def all_cases(qtypes: list[Any]) -> list[Case]:
-    return [*matmul_cases(qtypes), *elementwise_cases(), *norm_cases(), *rope_cases(),
-            *attention_cases(), set_rows_case()]
+    return [
+        *matmul_cases(qtypes),
+        *elementwise_cases(),
+        *norm_cases(),
+        *rope_cases(),
+        *attention_cases(),
+        set_rows_case(),
+    ]

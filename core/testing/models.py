@@ -22,6 +22,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+
 from tessera.gguf_writer import encode_tensor, storage_types, write_gguf
 
 #: Generic model sizes (GGUF terms), overridable one by one.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tessera.runtime import Runtime
 from tessera.testing.conformance import check_case, conformance_cases
 

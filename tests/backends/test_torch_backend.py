@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from tessera.backends import torch_backend
 from tessera.errors import UnknownBackendError
 from tessera.gguf_file import RawTensor
@@ -152,8 +153,12 @@ def test_a_declining_probe_falls_back_and_is_recorded(monkeypatch):
 
     raw, qt, dense = quantized("Q8_0")
     b = make_backend(kernels=False)
-    b.use_kernels({("torch", "Q8_0"): WeightKernel("torch", "Q8_0", never, must_not_load),
-                   ("numpy", "Q4_0"): WeightKernel("numpy", "Q4_0", never, must_not_load)})
+    b.use_kernels(
+        {
+            ("torch", "Q8_0"): WeightKernel("torch", "Q8_0", never, must_not_load),
+            ("numpy", "Q4_0"): WeightKernel("numpy", "Q4_0", never, must_not_load),
+        }
+    )
     w = b.load_weight(raw, qt)
     np.testing.assert_allclose(b.to_numpy(w), dense, rtol=1e-6)
     assert calls == [b]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from tessera.chat import (
     DEFAULT_CHATML,
     ChatTemplate,
@@ -23,16 +24,20 @@ QUESTION = "What is the weather in Paris?"
 TOOL_RESULT = "18 degrees and sunny"
 ANSWER = "It is 18 degrees and sunny."
 FOLLOW_UP = "Thanks, and tomorrow?"
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather of a city",
-        "parameters": {"type": "object",
-                       "properties": {"city": {"type": "string", "description": "City name"}},
-                       "required": ["city"]},
-    },
-}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather of a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "City name"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 
 
 def _conversation(arguments_as_string: bool, system_role: bool) -> list[dict]:
@@ -44,14 +49,21 @@ def _conversation(arguments_as_string: bool, system_role: bool) -> list[dict]:
     arguments: object = {"city": "Paris"}
     if arguments_as_string:
         arguments = json.dumps(arguments)
-    call = {"id": "call00001", "type": "function",  # 9 alphanumerics: Mistral requires it
-            "function": {"name": "get_weather", "arguments": arguments}}
+    call = {
+        "id": "call00001",
+        "type": "function",  # 9 alphanumerics: Mistral requires it
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": QUESTION},
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call00001", "name": "get_weather",
-         "content": TOOL_RESULT},
+        {
+            "role": "tool",
+            "tool_call_id": "call00001",
+            "name": "get_weather",
+            "content": TOOL_RESULT,
+        },
         {"role": "assistant", "content": ANSWER},
         {"role": "user", "content": FOLLOW_UP},
     ]
@@ -63,15 +75,22 @@ def _conversation(arguments_as_string: bool, system_role: bool) -> list[dict]:
 
 def _alternating() -> list[dict]:
     """The plainest chat: user/assistant turns only, for templates without tool roles."""
-    return [{"role": "user", "content": f"{SYSTEM}\n\n{QUESTION}"},
-            {"role": "assistant", "content": ANSWER},
-            {"role": "user", "content": FOLLOW_UP}]
+    return [
+        {"role": "user", "content": f"{SYSTEM}\n\n{QUESTION}"},
+        {"role": "assistant", "content": ANSWER},
+        {"role": "user", "content": FOLLOW_UP},
+    ]
 
 
 def _render(template: ChatTemplate, messages: list[dict]) -> str:
     # firefunction-v2 reads its tool list and date from these extra template variables
-    return template.render(messages, tools=TOOLS, add_generation_prompt=True,
-                           functions=json.dumps(TOOLS), datetime="2025-01-01")
+    return template.render(
+        messages,
+        tools=TOOLS,
+        add_generation_prompt=True,
+        functions=json.dumps(TOOLS),
+        datetime="2025-01-01",
+    )
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=[p.stem for p in TEMPLATES])
@@ -106,10 +125,12 @@ def test_gemma2_rejects_a_system_role_through_raise_exception() -> None:
 
 def test_chatml_output_is_exact() -> None:
     template = ChatTemplate((TEMPLATE_DIR / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text())
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Hi!"},
-                {"role": "assistant", "content": "Hello."},
-                {"role": "user", "content": "Bye."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Bye."},
+    ]
     expected = (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         "<|im_start|>user\nHi!<|im_end|>\n"
@@ -120,15 +141,24 @@ def test_chatml_output_is_exact() -> None:
     assert template.render(messages) == expected
     assert ChatTemplate(DEFAULT_CHATML).render(messages) == expected
     assert ChatTemplate(DEFAULT_CHATML).render(messages, add_generation_prompt=False) == (
-        expected.removesuffix("<|im_start|>assistant\n"))
+        expected.removesuffix("<|im_start|>assistant\n")
+    )
 
 
 def test_default_chatml_renders_text_parts() -> None:
-    messages = [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                             {"type": "image_url", "image_url": {"url": "x"}},
-                                             {"type": "text", "text": "b"}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+                {"type": "text", "text": "b"},
+            ],
+        }
+    ]
     assert ChatTemplate(DEFAULT_CHATML).render(messages, add_generation_prompt=False) == (
-        "<|im_start|>user\nab<|im_end|>\n")
+        "<|im_start|>user\nab<|im_end|>\n"
+    )
 
 
 def test_template_for_falls_back_to_chatml() -> None:
@@ -141,17 +171,21 @@ def test_tojson_has_hf_semantics() -> None:
     render = ChatTemplate
     assert render("{{ v | tojson }}").render([], v=value) == '{"b": "é", "a": [1, 2]}'
     assert render("{{ v | tojson(sort_keys=true) }}").render([], v=value) == (
-        '{"a": [1, 2], "b": "é"}')
+        '{"a": [1, 2], "b": "é"}'
+    )
     assert render("{{ v | tojson(indent=2) }}").render([], v={"a": 1}) == '{\n  "a": 1\n}'
     assert render("{{ v | tojson(separators=[',', ':']) }}").render([], v=value) == (
-        '{"b":"é","a":[1,2]}')
+        '{"b":"é","a":[1,2]}'
+    )
     assert render("{{ v | map(attribute='n') | tojson }}").render([], v=[{"n": 1}]) == "[1]"
 
 
 def test_template_helpers() -> None:
     assert ChatTemplate("{{ strftime_now('%Y') | length }}").render([]) == "4"
-    src = ("{% for k, v in d.items() %}{% if k == 'skip' %}{% continue %}{% endif %}{{ k }}"
-           "{% endfor %}")
+    src = (
+        "{% for k, v in d.items() %}{% if k == 'skip' %}{% continue %}{% endif %}{{ k }}"
+        "{% endfor %}"
+    )
     assert ChatTemplate(src).render([], d={"a": 1, "skip": 2, "b": 3}) == "ab"
     assert ChatTemplate("{% generation %}x{% endgeneration %}").render([]) == "x"
     assert ChatTemplate("{{ s | from_json | tojson }}").render([], s='{"a": 1}') == '{"a": 1}'

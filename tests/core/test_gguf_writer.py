@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
+
 from tessera.gguf_file import RawTensor, read_gguf
 from tessera.gguf_writer import (
     TypedValue,

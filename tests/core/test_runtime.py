@@ -37,7 +37,9 @@ DUMMY_MODULE = textwrap.dedent(
 )
 
 
-def _install_distribution(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+def _install_distribution(
+    root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> None:
     """Lay out an installed distribution (a .dist-info folder) on sys.path, as pip would."""
     info = root / f"{dist}-1.2.3.dist-info"
     info.mkdir(parents=True)
@@ -68,14 +70,20 @@ def test_builtin_plugins_are_found_through_entry_points():
 
 def test_third_party_distribution_is_discovered_used_and_can_be_disabled(site, monkeypatch):
     _install_distribution(
-        site, "tessera_test_dummy", {"dummy": "tessera_test_dummy"}, {"tessera_test_dummy": DUMMY_MODULE}
+        site,
+        "tessera_test_dummy",
+        {"dummy": "tessera_test_dummy"},
+        {"tessera_test_dummy": DUMMY_MODULE},
     )
     rt = Runtime()
     record = next(p for p in rt.plugins if p.name == "dummy")
     assert (record.distribution, record.version) == ("tessera_test_dummy", "1.2.3")
     qtype = rt.quant_type(9001)
     assert qtype.name == "DUMMY_I8"
-    assert qtype.dequantize(qtype.quantize(__import__("numpy").array([3.2, -4.7]))).tolist() == [3.0, -5.0]
+    assert qtype.dequantize(qtype.quantize(__import__("numpy").array([3.2, -4.7]))).tolist() == [
+        3.0,
+        -5.0,
+    ]
     assert rt.commands()["dummy-hello"].run(None, rt) == 7
 
     assert "dummy" not in {p.name for p in Runtime(disabled=["dummy"]).plugins}

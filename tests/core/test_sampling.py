@@ -41,12 +41,16 @@ def test_top_k_keeps_the_k_most_likely_renormalized():
 def test_top_p_keeps_the_smallest_prefix_reaching_p():
     # 0.5 + 0.25 = 0.75 < 0.8, so the third token (cumulative 0.9) is kept too
     params = SamplerParams(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0, seed=4)
-    np.testing.assert_allclose(frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015)
+    np.testing.assert_allclose(
+        frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015
+    )
 
 
 def test_min_p_drops_tokens_below_a_fraction_of_the_best():
     params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25, seed=5)
-    np.testing.assert_allclose(frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015)
+    np.testing.assert_allclose(
+        frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015
+    )
 
 
 def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
+
 from tessera.errors import TesseraError
 from tessera.gguf_file import read_gguf
 from tessera.tokenizer import StreamDecoder, Tokenizer, TokenizerError
@@ -30,8 +31,11 @@ def _vectors(name: str) -> list[tuple[str, list[int]]]:
 
 
 def _cases(names: tuple[str, ...]) -> list:
-    return [pytest.param(name, text, ids, id=f"{name}-{i:02d}")
-            for name in names for i, (text, ids) in enumerate(_vectors(name))]
+    return [
+        pytest.param(name, text, ids, id=f"{name}-{i:02d}")
+        for name in names
+        for i, (text, ids) in enumerate(_vectors(name))
+    ]
 
 
 @functools.cache
@@ -94,8 +98,9 @@ def test_control_tokens_are_parsed_only_when_asked() -> None:
 def test_spm_prefixes_a_space_after_a_special_token() -> None:
     tok = vocab("llama-spm")
     assert tok.encode("<s>Hello", add_special=False, parse_special=True) == [1, 15043]
-    assert tok.encode("<s>Hello", add_special=False) == tok.encode("<s>Hello", add_special=False,
-                                                                   parse_special=False)
+    assert tok.encode("<s>Hello", add_special=False) == tok.encode(
+        "<s>Hello", add_special=False, parse_special=False
+    )
     assert 1 not in tok.encode("<s>Hello", add_special=False)
 
 
@@ -108,10 +113,17 @@ def test_user_defined_tokens_are_always_split_out_and_phi3_strips_after_them() -
     assert ids == tok.encode("Hi</s>there", add_special=False)
 
 
-@pytest.mark.parametrize(("name", "first", "last"), [
-    ("llama-spm", 1, None), ("phi-3", 1, None), ("llama-bpe", 128000, None),
-    ("qwen2", None, None), ("gpt-2", None, None), ("bert-bge", 101, 102),
-])
+@pytest.mark.parametrize(
+    ("name", "first", "last"),
+    [
+        ("llama-spm", 1, None),
+        ("phi-3", 1, None),
+        ("llama-bpe", 128000, None),
+        ("qwen2", None, None),
+        ("gpt-2", None, None),
+        ("bert-bge", 101, 102),
+    ],
+)
 def test_bos_and_eos_follow_the_model(name: str, first: int | None, last: int | None) -> None:
     tok = vocab(name)
     bare = tok.encode("Hello world", add_special=False)
@@ -231,11 +243,20 @@ def test_out_of_range_id_is_a_clear_error() -> None:
 
 # -- Hugging Face folders --------------------------------------------------------------------
 
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-SAMPLES = ["Hello world", "  indented\n\tcode(x) = 12345;", "naïve café — 日本語 🦙",
-           "it's they'll WE'RE", "<|endoftext|> after", "", "\n\n\n"]
+SAMPLES = [
+    "Hello world",
+    "  indented\n\tcode(x) = 12345;",
+    "naïve café — 日本語 🦙",
+    "it's they'll WE'RE",
+    "<|endoftext|> after",
+    "",
+    "\n\n\n",
+]
 
 
 def _train_hf_folder(folder: Path, split_regex: str | None) -> object:
@@ -249,13 +270,18 @@ def _train_hf_folder(folder: Path, split_regex: str | None) -> object:
     if split_regex is None:
         hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
-        hf.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split_regex), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=["<|endoftext|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     hf.train_from_iterator([topics[k] for k in sorted(topics)[:60]], trainer)
     hf.save(str(folder / "tokenizer.json"))
     config = {"bos_token": None, "eos_token": "<|endoftext|>", "chat_template": "{{ x }}"}
@@ -263,11 +289,17 @@ def _train_hf_folder(folder: Path, split_regex: str | None) -> object:
     return hf
 
 
-@pytest.mark.parametrize(("split_regex", "pre"), [
-    (None, "gpt-2"), (LLAMA3_SPLIT, "llama-bpe"), (QWEN2_SPLIT, "qwen2"),
-])
-def test_hf_folder_round_trips_through_gguf_metadata(tmp_path: Path, split_regex: str | None,
-                                                     pre: str) -> None:
+@pytest.mark.parametrize(
+    ("split_regex", "pre"),
+    [
+        (None, "gpt-2"),
+        (LLAMA3_SPLIT, "llama-bpe"),
+        (QWEN2_SPLIT, "qwen2"),
+    ],
+)
+def test_hf_folder_round_trips_through_gguf_metadata(
+    tmp_path: Path, split_regex: str | None, pre: str
+) -> None:
     hf = _train_hf_folder(tmp_path, split_regex)
     tok = Tokenizer.from_hf_dir(tmp_path)
     meta = tok.gguf_metadata()

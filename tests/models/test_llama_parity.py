@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from tessera.batch import Batch
 from tessera.context import Context, ContextParams
 from tessera.engine import generate

@@ -7,6 +7,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+
 from tessera.commands import Command
 from tessera.errors import TesseraError
 
@@ -40,7 +41,8 @@ def test_prints_one_line_per_token_like_llama_tokenize(capsys) -> None:
 def test_ids_and_no_bos(capsys) -> None:
     assert _run(capsys, "-m", str(LLAMA_SPM), "Hello world", "--ids") == "[1, 15043, 3186]\n"
     assert _run(capsys, "-m", str(LLAMA_SPM), "Hello world", "--ids", "--no-bos") == (
-        "[15043, 3186]\n")
+        "[15043, 3186]\n"
+    )
 
 
 def test_parse_special(capsys) -> None:
@@ -61,8 +63,9 @@ def test_hf_folder(capsys, tmp_path: Path) -> None:
 
     hf = Tokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     hf.train_from_iterator(["hello world, hello tokens"] * 20, trainer)
     hf.save(str(tmp_path / "tokenizer.json"))
     out = _run(capsys, "-m", str(tmp_path), "hello world", "--ids")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFReader, GGUFValueType, LlamaFileType
+
 from tessera.cli import main
 from tessera.errors import ModelFileError, TesseraError
 from tessera.gguf_file import read_gguf
@@ -23,8 +24,11 @@ from tessera.plugins.convert import OUTTYPES, convert_hf_to_gguf
 from tessera.runtime import Runtime
 from tessera.testing.models import CHATML_TEMPLATE, make_hf_dir
 
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
-             "qwen3": gguf.MODEL_ARCH.QWEN3}
+GGUF_ARCH = {
+    "llama": gguf.MODEL_ARCH.LLAMA,
+    "qwen2": gguf.MODEL_ARCH.QWEN2,
+    "qwen3": gguf.MODEL_ARCH.QWEN3,
+}
 N_LAYER = 2
 
 
@@ -79,11 +83,17 @@ def test_names_and_keys_are_those_gguf_py_defines(tmp_path, runtime, hf_dirs, ar
     header = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}  # the reader's, not keys
     assert set(read.metadata) - header <= _all_keys(arch)
     fields = GGUFReader(path).fields
-    for key in (gguf.Keys.LLM.BLOCK_COUNT, gguf.Keys.LLM.EMBEDDING_LENGTH,
-                gguf.Keys.LLM.FEED_FORWARD_LENGTH, gguf.Keys.LLM.CONTEXT_LENGTH,
-                gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV,
-                gguf.Keys.General.FILE_TYPE, gguf.Keys.General.QUANTIZATION_VERSION,
-                gguf.Keys.Tokenizer.EOS_ID):
+    for key in (
+        gguf.Keys.LLM.BLOCK_COUNT,
+        gguf.Keys.LLM.EMBEDDING_LENGTH,
+        gguf.Keys.LLM.FEED_FORWARD_LENGTH,
+        gguf.Keys.LLM.CONTEXT_LENGTH,
+        gguf.Keys.Attention.HEAD_COUNT,
+        gguf.Keys.Attention.HEAD_COUNT_KV,
+        gguf.Keys.General.FILE_TYPE,
+        gguf.Keys.General.QUANTIZATION_VERSION,
+        gguf.Keys.Tokenizer.EOS_ID,
+    ):
         assert fields[key.format(arch=arch)].types == [GGUFValueType.UINT32], key
     for key in (gguf.Keys.Attention.LAYERNORM_RMS_EPS, gguf.Keys.Rope.FREQ_BASE):
         assert fields[key.format(arch=arch)].types == [GGUFValueType.FLOAT32], key
@@ -120,9 +130,13 @@ def test_llama_q_and_k_rows_are_interleaved_per_head_and_qwen_rows_are_not(
 
 
 EXPECTED_2D = {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}
-FILE_TYPE = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-             "bf16": LlamaFileType.MOSTLY_BF16, "q8_0": LlamaFileType.MOSTLY_Q8_0,
-             "q4_0": LlamaFileType.MOSTLY_Q4_0}
+FILE_TYPE = {
+    "f32": LlamaFileType.ALL_F32,
+    "f16": LlamaFileType.MOSTLY_F16,
+    "bf16": LlamaFileType.MOSTLY_BF16,
+    "q8_0": LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": LlamaFileType.MOSTLY_Q4_0,
+}
 # Max abs error for weights of std 0.02 (|w| < ~0.1): half a step of each format.
 MAX_ERROR = {"f32": 0.0, "f16": 1e-4, "bf16": 1e-3, "q8_0": 1e-3, "q4_0": 2e-2}
 

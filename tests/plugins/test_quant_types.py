@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
 from tessera.runtime import Runtime
 
 NAMES = ["F32", "F16", "BF16", "Q8_0", "Q4_0"]
@@ -90,8 +91,9 @@ finite = st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnor
 @settings(max_examples=60, deadline=None)
 @given(
     name=st.sampled_from(NAMES),
-    values=hnp.arrays(np.float32, st.tuples(st.integers(1, 3), st.sampled_from([32, 64])),
-                      elements=finite),
+    values=hnp.arrays(
+        np.float32, st.tuples(st.integers(1, 3), st.sampled_from([32, 64])), elements=finite
+    ),
     magnitude=st.sampled_from([1.0, 1e-20, 1e20]),
 )
 def test_any_finite_values_match_gguf(name, values, magnitude):

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+
 import tessera.model
 from tessera.arch import Architecture
 from tessera.batch import Batch
@@ -35,8 +36,9 @@ def test_make_gguf_writes_a_model_tessera_loads_and_runs(tmp_path, runtime, arch
     assert shapes == architecture.tensor_shapes(
         architecture.example_config(arch=arch, n_vocab=config.n_vocab, **tm.SIZES["tiny"])
     )
-    assert gguf.metadata["tokenizer.ggml.tokens"] == list(tm.default_vocab().gguf_metadata[
-        "tokenizer.ggml.tokens"])
+    assert gguf.metadata["tokenizer.ggml.tokens"] == list(
+        tm.default_vocab().gguf_metadata["tokenizer.ggml.tokens"]
+    )
     assert config.n_vocab == tm.default_vocab().n_vocab
     model = load_model(path, runtime, runtime.create_backend("numpy"))
     ctx = Context(model, ContextParams(n_ctx=16))
@@ -61,8 +63,17 @@ def test_same_seed_same_file_other_seed_other_weights(tmp_path, runtime):
 
 
 def test_explicit_dims_override_the_size(tmp_path, runtime):
-    path = make_gguf(tmp_path / "m.gguf", "qwen3", runtime=runtime, n_embd=32, n_layer=1,
-                     n_head=2, n_head_kv=1, n_ff=48, head_dim=24)
+    path = make_gguf(
+        tmp_path / "m.gguf",
+        "qwen3",
+        runtime=runtime,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_head_kv=1,
+        n_ff=48,
+        head_dim=24,
+    )
     meta = read_gguf(path).metadata
     assert (meta["qwen3.embedding_length"], meta["qwen3.block_count"]) == (32, 1)
     assert (meta["qwen3.attention.head_count_kv"], meta["qwen3.attention.key_length"]) == (1, 24)
@@ -151,7 +162,10 @@ def test_make_hf_dir_writes_a_transformers_checkpoint(tmp_path, tied):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= files
     config = json.loads((path / "config.json").read_text())
     assert (config["model_type"], config["hidden_size"], config["num_key_value_heads"]) == (
-        "qwen2", 64, 2)
+        "qwen2",
+        64,
+        2,
+    )
     assert config["tie_word_embeddings"] is tied
     model = transformers.AutoModelForCausalLM.from_pretrained(path)
     norm = model.model.layers[0].input_layernorm.weight.detach().numpy()
