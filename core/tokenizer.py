@@ -187,7 +187,7 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 # The Split regexes of Hugging Face tokenizer.json files, mapped to the llama.cpp pre name.
 HF_PRE_REGEXES: dict[tuple[str, ...], str] = {
     (
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"  # noqa: E501
         r"|\s*[\r\n]+|\s+(?!\S)|\s+",
     ): "llama-bpe",
     (
