@@ -7,7 +7,6 @@ backend (which keeps or repacks quantized data) and builds the forward graph.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ import numpy as np
 
 from tessera.errors import ModelFileError
 from tessera.gguf_file import RawTensor, read_gguf
+from tessera.hf_folder import read_hf_config, read_safetensors_dir
 
 
 @attrs.define
@@ -102,14 +102,7 @@ _SAFETENSORS_TYPES = {"F32": 0, "F16": 1}
 
 def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTensor], dict]:
     """Config and tensors of an HF folder, renamed to GGUF names by the architecture."""
-    try:
-        hf_config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"'{path / 'config.json'}' is not valid JSON ({exc})") from exc
-    if "model_type" not in hf_config:
-        raise ModelFileError(
-            f"'{path / 'config.json'}' has no model_type; it is not a model config"
-        )
+    hf_config = read_hf_config(path)
     arch = runtime.hf_architecture(hf_config["model_type"])
     config = arch.config_from_hf(hf_config)
     hf_tensors = read_safetensors_dir(path)
@@ -119,27 +112,6 @@ def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTenso
     }
     metadata = arch.gguf_metadata(config)
     return arch, config, raw, metadata
-
-
-def read_safetensors_dir(path: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's ``*.safetensors`` files as numpy (bf16 widened to f32,
-    which is exact)."""
-    import torch
-    from safetensors import safe_open
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ModelFileError(f"'{path}' has a config.json but no .safetensors weights")
-    tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    t = f.get_tensor(name)
-                    tensors[name] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-        except Exception as exc:  # safetensors raises its own error types for bad headers
-            raise ModelFileError(f"'{file}' is not a readable safetensors file ({exc})") from exc
-    return tensors
 
 
 def _raw_from_array(name: str, value: np.ndarray) -> RawTensor:

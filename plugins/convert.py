@@ -22,8 +22,8 @@ import numpy as np
 from tessera.commands import Command
 from tessera.errors import ModelFileError, TesseraError
 from tessera.gguf_writer import QUANTIZATION_VERSION, encode_tensor, storage_types, write_gguf
+from tessera.hf_folder import read_hf_config, read_safetensors_dir
 from tessera.hookspecs import hookimpl
-from tessera.model import read_safetensors_dir
 
 TESSERA_PLUGIN_API = 1
 
@@ -37,22 +37,6 @@ OUTTYPES: dict[str, tuple[str, int]] = {
     "q8_0": ("Q8_0", 7),
     "q4_0": ("Q4_0", 2),
 }
-
-
-def _read_hf_config(hf_dir: Path) -> dict[str, Any]:
-    if not (hf_dir / "config.json").is_file():
-        what = "does not exist" if not hf_dir.exists() else "has no config.json"
-        raise ModelFileError(
-            f"'{hf_dir}' {what}; pass the folder of a Hugging Face model (config.json and "
-            "*.safetensors)"
-        )
-    try:
-        hf_config = json.loads((hf_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelFileError(f"'{hf_dir / 'config.json'}' is not valid JSON ({exc})") from exc
-    if "model_type" not in hf_config:
-        raise ModelFileError(f"'{hf_dir / 'config.json'}' has no model_type; it is not a model")
-    return hf_config
 
 
 def chat_template(hf_dir: Path) -> str | None:
@@ -122,7 +106,7 @@ def convert_hf_to_gguf(
     qtype_name, file_type = OUTTYPES[key]
     runtime.quant_type_by_name(qtype_name)  # fail early if that quant plugin is missing
     hf_dir = Path(hf_dir)
-    hf_config = _read_hf_config(hf_dir)
+    hf_config = read_hf_config(hf_dir)
     arch = runtime.hf_architecture(hf_config["model_type"])
     config = arch.config_from_hf(hf_config)
     arch_metadata = arch.gguf_metadata(config)

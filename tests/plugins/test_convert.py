@@ -19,7 +19,7 @@ from gguf import GGUFReader, GGUFValueType, LlamaFileType
 from tessera.cli import main
 from tessera.errors import ModelFileError, TesseraError
 from tessera.gguf_file import read_gguf
-from tessera.model import read_safetensors_dir
+from tessera.hf_folder import read_safetensors_dir
 from tessera.plugins.convert import OUTTYPES, convert_hf_to_gguf
 from tessera.runtime import Runtime
 from tessera.testing.models import CHATML_TEMPLATE, make_hf_dir
