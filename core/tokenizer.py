@@ -16,292 +16,28 @@ before ``.`` or ``'s``) is not applied, so decoding stays lossless where encodin
 from __future__ import annotations
 
 import codecs
-import enum
-import json
-import logging
 import os
-import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from tessera.errors import TesseraError
-
-log = logging.getLogger(__name__)
-
-SUPPORTED_MODELS = ("gpt2", "llama", "bert")
-SPACE_MARKER = "\u2581"  # SentencePiece's "▁"
-
-
-class TokenizerError(TesseraError):
-    """A vocabulary is missing, malformed or of a kind tessera cannot tokenize."""
-
-
-class TokenType(enum.IntEnum):
-    """``tokenizer.ggml.token_type`` values."""
-
-    NORMAL = 1
-    UNKNOWN = 2
-    CONTROL = 3
-    USER_DEFINED = 4
-    UNUSED = 5
-    BYTE = 6
-
-
-# Tokens llama.cpp treats as end-of-generation by their text (and forces to control type).
-EOG_TEXTS = frozenset(
-    {
-        "<|eot_id|>",
-        "<|im_end|>",
-        "<|end|>",
-        "<|return|>",
-        "<|call|>",
-        "<|flush|>",
-        "<|calls|>",
-        "<end_of_turn>",
-        "<|endoftext|>",
-        "<|eom_id|>",
-        "<EOT>",
-        "_<EOT>",
-        "[EOT]",
-        "[EOS]",
-        "<|end_of_text|>",
-        "<end_of_utterance>",
-        "<｜end▁of▁sentence｜>",
-    }
+from tessera.tokenizer_hf import hf_dir_metadata
+from tessera.tokenizer_models import CHAR_TO_BYTE, byte_level_bpe, spm_bpe, wordpiece, wpm_words
+from tessera.tokenizer_pre import PreTokenizer, pick_pre_tokenizer
+from tessera.tokenizer_vocab import (
+    SPACE_MARKER,
+    SPECIAL_TYPES,
+    SUPPORTED_MODELS,
+    TokenizerError,
+    TokenType,
+    find_eog,
+    special_ids,
+    strip_sets,
 )
 
-# -- pre-tokenizer regexes, per tokenizer.ggml.pre (the sets llama.cpp uses) -------------------
-
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_LLAMA3 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
-_LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
-_CASED = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-_GPT4O = (
-    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CASED}"
-    rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CASED}"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN = (
-    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_DEEPSEEK_LLM_LETTERS = (
-    "A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕ"
-    "ἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳ"
-    "Ꙁ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃"
-)
-
-
-@attrs.frozen
-class PreTokenizer:
-    """How llama.cpp pre-splits byte-level BPE text for one ``tokenizer.ggml.pre`` value."""
-
-    regexes: tuple[str, ...]
-    ignore_merges: bool = False  # a word already in the vocab is one token, merges or not
-    add_bos: bool = False  # llama.cpp's add_bos default for this pre-tokenizer
-    has_bos: bool = True
-
-
-_LLAMA3_PRE = PreTokenizer((_LLAMA3,), ignore_merges=True, add_bos=True)
-
-
-def _group(names: str, pre: PreTokenizer) -> dict[str, PreTokenizer]:
-    return dict.fromkeys(names.split(), pre)
-
-
-PRE_TOKENIZERS: dict[str, PreTokenizer] = {
-    "default": PreTokenizer((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]")),
-    **_group(
-        "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de jina-v1-en jina-v2-code "
-        "roberta-bpe a.x-4.0 mellum modern-bert mpt olmo jais trillion granite-docling "
-        "exaone4",
-        PreTokenizer((_GPT2,)),
-    ),
-    **_group(
-        "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano",
-        _LLAMA3_PRE,
-    ),
-    **_group("dbrx smaug-bpe", PreTokenizer((_LLAMA3,))),
-    **_group("glm4 chatglm-bpe", PreTokenizer((_LLAMA3,), has_bos=False)),
-    **_group(
-        "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open",
-        PreTokenizer((_QWEN2,)),
-    ),
-    "qwen35": PreTokenizer((_QWEN35,)),
-    **_group(
-        "starcoder refact command-r smollm codeshell exaone minerva-7b mellum2",
-        PreTokenizer((r"\p{N}", _GPT2)),
-    ),
-    "falcon": PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]")),
-    **_group("gpt-4o llama4 kanana2 talkie minimax-m2", PreTokenizer((_GPT4O,))),
-    "tekken": PreTokenizer((_TEKKEN,), ignore_merges=True, add_bos=True),
-    "deepseek-llm": PreTokenizer(
-        (
-            r"[\r\n]",
-            rf"\s?[{_DEEPSEEK_LLM_LETTERS}]+",
-            r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
-            r"\s+$",
-            "[一-龥ࠀ-一가-퟿]+",
-            r"\p{N}+",
-        )
-    ),
-    "deepseek-coder": PreTokenizer(
-        (
-            r"[\r\n]",
-            r"\s?\p{L}+",
-            r"\s?\p{P}+",
-            "[一-龥ࠀ-一가-퟿]+",
-            r"\p{N}",
-        )
-    ),
-    **_group(
-        "deepseek-v3 hunyuan-dense joyai-llm hy_v4",
-        PreTokenizer(
-            (
-                r"\p{N}{1,3}",
-                "[一-龥぀-ゟ゠-ヿ]+",
-                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-                r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-            )
-        ),
-    ),
-    **_group("poro-chat bloom gpt3-finnish", PreTokenizer((r" ?[^(\s|.,!?…。，、।۔،)]+",))),
-}
-
-# The Split regexes of Hugging Face tokenizer.json files, mapped to the llama.cpp pre name.
-HF_PRE_REGEXES: dict[tuple[str, ...], str] = {
-    (
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"  # noqa: E501
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ): "llama-bpe",
-    (
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-        r"|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ): "qwen2",
-    (_GPT2 + r"|\s+",): "gpt-2",
-    (r"\p{N}", _GPT2 + r"|\s+"): "smollm",
-    (_GPT4O,): "gpt-4o",
-}
-
-# -- byte-level BPE's byte <-> printable character table (GPT-2) ----------------------------
-
-
-def _byte_to_char() -> dict[int, str]:
-    """GPT-2's reversible map of the 256 byte values onto printable unicode characters."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-_CHAR_TO_BYTE = {c: b for b, c in _byte_to_char().items()}
-
-# -- BERT (WPM) normalization, as llama.cpp's WPM preprocess does it --------------------------
-
-_WHITESPACE = frozenset(
-    map(
-        chr,
-        [
-            *range(0x09, 0x0E),
-            0x20,
-            0x85,
-            0xA0,
-            0x1680,
-            *range(0x2000, 0x200B),
-            0x2028,
-            0x2029,
-            0x202F,
-            0x205F,
-            0x3000,
-        ],
-    )
-)
-_CJK_RANGES = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B920, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
-
-
-def _is_cjk(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
-
-
-def wpm_words(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
-    """Split text into words the way llama.cpp's WordPiece tokenizer does before matching."""
-    if strip_accents:
-        text = unicodedata.normalize("NFD", text)
-    words: list[str] = []
-    word: list[str] = []
-    for ch in text:
-        if ch in _WHITESPACE:
-            if word:
-                words.append("".join(word))
-                word = []
-            continue
-        cat = unicodedata.category(ch)
-        if ch in ("\0", "\ufffd") or cat[0] == "C" or (strip_accents and cat[0] == "M"):
-            continue
-        if lowercase:
-            low = ch.lower()
-            ch = low if len(low) == 1 else low[0]  # llama.cpp maps one code point to one
-        cp = ord(ch)
-        if cat[0] == "P" or (cp < 0x7F and cat[0] == "S") or _is_cjk(cp):
-            if word:
-                words.append("".join(word))
-                word = []
-            words.append(ch)
-        else:
-            word.append(ch)
-    if word:
-        words.append("".join(word))
-    return words
-
-
-# -- the tokenizer ------------------------------------------------------------------------------
+__all__ = ["StreamDecoder", "Tokenizer", "TokenizerError", "TokenType"]
 
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around lstrip/rstrip special tokens
-_SPECIAL_ID_KEYS = {
-    "bos": "tokenizer.ggml.bos_token_id",
-    "eos": "tokenizer.ggml.eos_token_id",
-    "eot": "tokenizer.ggml.eot_token_id",
-    "eom": "tokenizer.ggml.eom_token_id",
-    "unk": "tokenizer.ggml.unknown_token_id",
-    "sep": "tokenizer.ggml.seperator_token_id",  # sic: the key GGUF uses
-    "pad": "tokenizer.ggml.padding_token_id",
-    "mask": "tokenizer.ggml.mask_token_id",
-}
-# llama.cpp's default special ids when a file does not name them.
-_DEFAULT_IDS: dict[str, dict[str, int]] = {
-    "llama": {"bos": 1, "eos": 2, "unk": 0},
-    "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103},
-    "gpt2": {},
-}
 
 
 class Tokenizer:
@@ -333,10 +69,18 @@ class Tokenizer:
         self.add_space_prefix = bool(
             metadata.get("tokenizer.ggml.add_space_prefix", model == "llama")
         )
-
-        pre_name = metadata.get("tokenizer.ggml.pre")
-        self.pre: PreTokenizer | None = self._pick_pre(pre_name) if model == "gpt2" else None
-        self._special_ids(metadata)
+        self.pre: PreTokenizer | None = (
+            pick_pre_tokenizer(metadata.get("tokenizer.ggml.pre")) if model == "gpt2" else None
+        )
+        special = special_ids(metadata, model, n, has_bos=self.pre is None or self.pre.has_bos)
+        self.bos_id: int | None = special["bos"]
+        self.eos_id: int | None = special["eos"]
+        self.eot_id: int | None = special["eot"]
+        self.eom_id: int | None = special["eom"]
+        self.unk_id: int | None = special["unk"]
+        self.sep_id: int | None = special["sep"]
+        self.pad_id: int | None = special["pad"]
+        self.mask_id: int | None = special["mask"]
         self.add_bos = bool(
             metadata.get(
                 "tokenizer.ggml.add_bos_token",
@@ -359,16 +103,11 @@ class Tokenizer:
         self._wpm_strip_accents = bool(
             metadata.get("tokenizer.ggml.normalizer.strip_accents", self._wpm_lowercase)
         )
-        self._find_eog()
-        self._strip_attrs(
-            str(metadata.get("general.name", "")),
-            str(pre_name or ""),
-            str(metadata.get("general.architecture", "")),
-        )
+        self.eog_ids = find_eog(self._ids, self._types, (self.eos_id, self.eot_id, self.eom_id))
+        self._lstrip, self._rstrip = strip_sets(self._ids, self._types, metadata)
         # Tokens cut out of raw text before the model runs: longest first, as llama.cpp does.
-        cut = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
         self._cut_order = sorted(
-            (i for i in range(n) if self._types[i] in cut),
+            (i for i in range(n) if self._types[i] in SPECIAL_TYPES),
             key=lambda i: (-len(self._tokens[i].encode()), i),
         )
         self._hf = self._build_model(metadata)
@@ -396,107 +135,14 @@ class Tokenizer:
             return cls.from_hf_dir(path)
         return cls.from_gguf_metadata(read_gguf(path).metadata)
 
-    @staticmethod
-    def _pick_pre(name: str | None) -> PreTokenizer:
-        if not name:
-            log.warning("the vocabulary names no pre-tokenizer; using llama.cpp's 'default'")
-            return PRE_TOKENIZERS["default"]
-        if name not in PRE_TOKENIZERS:
-            log.warning(
-                "pre-tokenizer '%s' is not known to tessera; falling back to 'gpt-2', "
-                "so tokenization may differ from the model's",
-                name,
-            )
-            return PRE_TOKENIZERS["gpt-2"]
-        return PRE_TOKENIZERS[name]
-
-    def _special_ids(self, metadata: Mapping[str, Any]) -> None:
-        n = len(self._tokens)
-        ids: dict[str, int | None] = dict.fromkeys(_SPECIAL_ID_KEYS)
-        ids.update(_DEFAULT_IDS[self.model])
-        if self.model == "bert" and "tokenizer.ggml.cls_token_id" in metadata:
-            ids["bos"] = metadata["tokenizer.ggml.cls_token_id"]
-        for name, key in _SPECIAL_ID_KEYS.items():
-            if key in metadata:
-                ids[name] = int(metadata[key])
-        if self.pre is not None and not self.pre.has_bos:
-            ids["bos"] = None
-        valid = {k: (v if v is not None and 0 <= v < n else None) for k, v in ids.items()}
-        self.bos_id: int | None = valid["bos"]
-        self.eos_id: int | None = valid["eos"]
-        self.eot_id: int | None = valid["eot"]
-        self.eom_id: int | None = valid["eom"]
-        self.unk_id: int | None = valid["unk"]
-        self.sep_id: int | None = valid["sep"]
-        self.pad_id: int | None = valid["pad"]
-        self.mask_id: int | None = valid["mask"]
-
-    def _find_eog(self) -> None:
-        eog = {i for i in (self.eos_id, self.eot_id, self.eom_id) if i is not None}
-        for text in EOG_TEXTS:
-            tid = self._ids.get(text)
-            if tid is not None:
-                eog.add(tid)
-                # llama.cpp overrides a "control-looking" token that was typed normal
-                self._types[tid] = TokenType.CONTROL
-        # gpt-oss style vocabularies end a turn with <|return|>/<|call|>; <|end|> is not EOG there
-        if {"<|return|>", "<|call|>"} <= self._ids.keys() and "<|end|>" in self._ids:
-            end = self._ids["<|end|>"]
-            eog.discard(end)
-            self._types[end] = TokenType.USER_DEFINED
-        self.eog_ids: frozenset[int] = frozenset(eog)
-
-    def _strip_attrs(self, model_name: str, pre_name: str, arch: str) -> None:
-        """Per-model whitespace stripping around special tokens (llama.cpp's LSTRIP/RSTRIP)."""
-        self._lstrip: set[int] = set()
-        self._rstrip: set[int] = set()
-        name = model_name.lower()
-        if any(s in pre_name for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
-            s in arch for s in ("nomic-bert-moe", "jina-bert-v3")
-        ):
-            if "<mask>" in self._ids:
-                self._lstrip.add(self._ids["<mask>"])
-        elif "phi-3" in name or "phi3" in name:
-            cut = (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN)
-            self._rstrip = {i for i, t in enumerate(self._types) if t in cut}
-            self._rstrip |= {self._ids[t] for t in ("</s>",) if t in self._ids}
-            self._rstrip -= {
-                self._ids[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in self._ids
-            }
-        elif "modern-bert" in name and "[MASK]" in self._ids:
-            self._lstrip.add(self._ids["[MASK]"])
-
     def _build_model(self, metadata: Mapping[str, Any]) -> Any:
-        from tokenizers import Regex, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
         if self.model == "gpt2":
-            merges = _parse_merges(metadata.get("tokenizer.ggml.merges"), self._ids)
             assert self.pre is not None
-            hf = HFTokenizer(models.BPE(self._ids, merges, ignore_merges=self.pre.ignore_merges))
-            splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.pre.regexes]
-            hf.pre_tokenizer = pre_tokenizers.Sequence(
-                [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-            )
-            return hf
+            return byte_level_bpe(self._ids, metadata.get("tokenizer.ggml.merges"), self.pre)
         if self.model == "llama":
             scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(self._tokens)
-            unk = self._tokens[self.unk_id] if self.unk_id is not None else None
-            return HFTokenizer(
-                models.BPE(
-                    self._ids,
-                    _spm_merges(self._tokens, scores, self._ids),
-                    unk_token=unk,
-                    byte_fallback=True,
-                )
-            )
-        # bert: llama.cpp's vocab marks word starts with ▁; WordPiece marks the rest with ##
-        vocab = {
-            (t[1:] if t.startswith(SPACE_MARKER) else "##" + t): i for t, i in self._ids.items()
-        }
-        unk_id = self.unk_id if self.unk_id is not None else 0
-        unk = next(k for k, v in vocab.items() if v == unk_id)
-        return HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 30))
+            return spm_bpe(self._tokens, self._ids, scores, self.unk_id)
+        return wordpiece(self._ids, self.unk_id)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -604,13 +250,13 @@ class Tokenizer:
                 "pass ids produced by this model's tokenizer"
             )
         text, kind = self._tokens[token_id], self._types[token_id]
-        if kind in (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED):
+        if kind in SPECIAL_TYPES:
             return text.encode()
         if kind == TokenType.BYTE and text.startswith("<0x") and len(text) == 6:
             return bytes([int(text[3:5], 16)])
         if self.model == "gpt2":
             return b"".join(
-                bytes([_CHAR_TO_BYTE[c]]) if c in _CHAR_TO_BYTE else c.encode() for c in text
+                bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode() for c in text
             )
         return text.replace(SPACE_MARKER, " ").encode()
 
@@ -657,164 +303,3 @@ class StreamDecoder:
     def flush(self) -> str:
         """Return what is left (an incomplete character becomes U+FFFD) and reset."""
         return self._utf8.decode(b"", final=True)
-
-
-def _parse_merges(merges: Sequence[str] | None, ids: Mapping[str, int]) -> list[tuple[str, str]]:
-    if not merges:
-        raise TokenizerError(
-            "the byte-level BPE vocabulary has no tokenizer.ggml.merges; convert the model again"
-        )
-    pairs = []
-    for merge in merges:
-        cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first char
-        if cut < 0:
-            continue
-        left, right = merge[:cut], merge[cut + 1 :]
-        # HF's BPE needs every part and product in the vocabulary; llama.cpp would fall back
-        # to bytes for a product that is not, which no real vocabulary relies on.
-        if left in ids and right in ids and left + right in ids:
-            pairs.append((left, right))
-    return pairs
-
-
-def _spm_merges(
-    tokens: Sequence[str], scores: Sequence[float], ids: Mapping[str, int]
-) -> list[tuple[str, str]]:
-    """Merges that make HF's BPE behave like llama.cpp's SPM tokenizer.
-
-    llama.cpp repeatedly merges the adjacent pair whose concatenation is the vocabulary token
-    with the highest score. Every split of every token into two vocabulary tokens is such a
-    pair; ranking them by the merged token's score gives BPE the same choice at each step.
-    """
-    ranked = []
-    for tid, text in enumerate(tokens):
-        if ids.get(text) != tid:
-            continue
-        for k in range(1, len(text)):
-            left, right = text[:k], text[k:]
-            if left in ids and right in ids:
-                ranked.append((-scores[tid], tid, k, left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
-
-
-# -- Hugging Face folders -------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TokenizerError(f"cannot read '{path}' ({exc}); check the tokenizer folder") from exc
-
-
-def _hf_pre_name(pre_tokenizer: Mapping[str, Any] | None) -> str:
-    """The llama.cpp ``tokenizer.ggml.pre`` name of a tokenizer.json pre-tokenizer."""
-    steps = [pre_tokenizer] if pre_tokenizer else []
-    if steps and steps[0].get("type") == "Sequence":
-        steps = list(steps[0].get("pretokenizers", []))
-    regexes: list[str] = []
-    byte_level = False
-    for step in steps:
-        kind = step.get("type")
-        if kind == "Split" and "Regex" in step.get("pattern", {}):
-            regexes.append(step["pattern"]["Regex"])
-        elif kind == "Digits" and step.get("individual_digits"):
-            regexes.append(r"\p{N}")
-        elif kind == "ByteLevel":
-            byte_level = True
-            if step.get("use_regex", True):
-                regexes.append(_GPT2 + r"|\s+")
-        else:
-            break
-    else:
-        name = HF_PRE_REGEXES.get(tuple(regexes)) if byte_level else None
-        if name is not None:
-            return name
-    raise TokenizerError(
-        f"tessera cannot map this tokenizer.json pre-tokenizer to a llama.cpp one "
-        f"({json.dumps(pre_tokenizer)[:200]}); supported: byte-level BPE with the GPT-2, "
-        f"Llama 3, Qwen2, SmolLM or GPT-4o split regex"
-    )
-
-
-def _token_content(value: Any) -> str | None:
-    """A tokenizer_config.json token entry: a string or an AddedToken dict."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _looks_special(text: str) -> bool:
-    # llama.cpp's converter also treats <|...|> and <｜...｜> tokens as control tokens
-    return (text.startswith("<|") and text.endswith("|>")) or (
-        text.startswith("<｜") and text.endswith("｜>")
-    )
-
-
-def hf_dir_metadata(path: Path) -> dict[str, Any]:
-    """GGUF ``tokenizer.*`` metadata (llama.cpp's gpt2 keys) for a Hugging Face folder."""
-    tj_path = path / "tokenizer.json"
-    if not tj_path.is_file():
-        raise TokenizerError(
-            f"'{path}' has no tokenizer.json; pass a Hugging Face folder with a fast tokenizer "
-            "or a .gguf file"
-        )
-    tj = _read_json(tj_path)
-    model = tj.get("model", {})
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
-        raise TokenizerError(
-            f"'{tj_path}' holds a {model.get('type')} tokenizer; tessera reads only byte-level "
-            "BPE tokenizer.json files — convert the model to GGUF with its vocabulary instead"
-        )
-    if (tj.get("normalizer") or {}).get("type") not in (None, "NFC"):
-        raise TokenizerError(
-            f"'{tj_path}' has a {tj['normalizer']['type']} normalizer that llama.cpp does not "
-            "apply; convert the model to GGUF with its vocabulary instead"
-        )
-    pre = _hf_pre_name(tj.get("pre_tokenizer"))
-    vocab: dict[str, int] = dict(model.get("vocab", {}))
-    added = tj.get("added_tokens", [])
-    n = 1 + max([*vocab.values(), *(a["id"] for a in added)])
-    tokens = [f"[PAD{i}]" for i in range(n)]
-    types = [int(TokenType.UNUSED)] * n
-    for text, i in vocab.items():
-        tokens[i], types[i] = text, int(TokenType.NORMAL)
-    for a in added:
-        special = a.get("special") or _looks_special(a["content"])
-        tokens[a["id"]] = a["content"]
-        types[a["id"]] = int(TokenType.CONTROL if special else TokenType.USER_DEFINED)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    meta: dict[str, Any] = {
-        "tokenizer.ggml.model": "gpt2",
-        "tokenizer.ggml.pre": pre,
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.merges": merges,
-    }
-    config_path = path / "tokenizer_config.json"
-    config = _read_json(config_path) if config_path.is_file() else {}
-    ids = {text: i for i, text in enumerate(tokens)}
-    for name in ("bos", "eos", "unk", "pad"):
-        tid = ids.get(_token_content(config.get(f"{name}_token")) or "")
-        if tid is not None:
-            meta[_SPECIAL_ID_KEYS[name]] = tid
-    add_bos = config.get("add_bos_token")
-    if add_bos is None:
-        # newer folders say it only through the post-processor template; HF adds no BOS
-        # without one, whatever llama.cpp's default for the pre-tokenizer is
-        single = (tj.get("post_processor") or {}).get("single") or [{}]
-        first = single[0].get("SpecialToken", {}).get("id")
-        bos = meta.get(_SPECIAL_ID_KEYS["bos"])
-        add_bos = bos is not None and first == tokens[bos]
-    meta["tokenizer.ggml.add_bos_token"] = bool(add_bos)
-    if config.get("add_eos_token") is not None:
-        meta["tokenizer.ggml.add_eos_token"] = bool(config["add_eos_token"])
-    template = config.get("chat_template")
-    if isinstance(template, list):  # named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    if template is None and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    if template:
-        meta["tokenizer.chat_template"] = template
-    return meta
