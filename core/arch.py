@@ -112,6 +112,18 @@ class Architecture(ABC):
             "so tessera.testing cannot make test models for it; add the method to the plugin"
         )
 
+    def required_ops(self, config: Any) -> list[tuple[str, dict[str, Any]]]:
+        """The ops the forward pass calls, with the parameters it calls them with.
+
+        The loader asks the backend's ``supports(op, **params)`` for each before it loads
+        any weight, so an unsupported combination is found up front (and, when no backend
+        was named, another backend is chosen). The default lists every core op without
+        parameters; architectures override it with their real shapes.
+        """
+        from tessera.backend import CORE_OPS
+
+        return [(op, {}) for op in CORE_OPS]
+
     def n_vocab(self, config: Any) -> int:
         """Vocabulary size (rows of the output head)."""
         return int(config.n_vocab)

@@ -58,11 +58,13 @@ def sampler_params_from_args(args: argparse.Namespace) -> SamplerParams:
 
 
 def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
-    backend = runtime.create_backend(args.backend, args.device, args.dtype)
+    path = args.model or default_model_path()
+    model = load_model(
+        path, runtime, args.backend, progress=True, device=args.device, dtype=args.dtype
+    )
+    backend = model.backend
     if args.threads > 0:
         backend.set_threads(args.threads)
-    path = args.model or default_model_path()
-    model = load_model(path, runtime, backend, progress=True)
     log.info(
         "loaded %s (%s) on %s/%s",
         path,

@@ -7,6 +7,7 @@ backend (which keeps or repacks quantized data) and builds the forward graph.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,9 +16,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.errors import ModelFileError
+from tessera.errors import ModelFileError, UnknownBackendError
 from tessera.gguf_file import RawTensor, read_gguf
 from tessera.hf_folder import read_hf_config, read_safetensors_dir
+
+log = logging.getLogger("tessera.model")
 
 
 @attrs.define
@@ -53,10 +56,64 @@ def default_model_path() -> Path:
     return Path(str(files("tessera") / "default_model" / "tessera-default.gguf"))
 
 
+def unsupported_ops(backend: Any, arch: Any, config: Any) -> list[str]:
+    """The ops (with parameters) of this model that ``backend``'s probe declines."""
+    return [
+        op + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
+        for op, params in arch.required_ops(config)
+        if not backend.supports(op, **params)
+    ]
+
+
+def select_backend(
+    runtime: Any, arch: Any, config: Any, name: str | None, device: str | None, dtype: str | None
+) -> Any:
+    """The named backend if it supports the model, else the first backend that does.
+
+    With a name, a backend that declines one of the model's ops is an error. Without one,
+    candidates are tried in the runtime's order of preference and each skip is logged.
+    """
+    if name is not None:
+        backend = runtime.create_backend(name, device, dtype)
+        missing = unsupported_ops(backend, arch, config)
+        if missing:
+            raise UnknownBackendError(
+                f"backend '{name}' does not support {', '.join(missing)} needed by this model; "
+                "choose another with --backend"
+            )
+        return backend
+    reasons = []
+    for candidate in runtime.backend_preference():
+        try:
+            backend = runtime.create_backend(candidate, device, dtype)
+        except UnknownBackendError as exc:
+            reasons.append(f"{candidate}: {exc}")
+            continue
+        missing = unsupported_ops(backend, arch, config)
+        if not missing:
+            for reason in reasons:
+                log.info("backend skipped: %s", reason)
+            return backend
+        reasons.append(f"{candidate}: does not support {', '.join(missing)}")
+    raise UnknownBackendError(
+        "no installed backend can run this model (" + "; ".join(reasons) + ")"
+    )
+
+
 def load_model(
-    path: str | os.PathLike[str], runtime: Any, backend: Any, progress: bool = False
+    path: str | os.PathLike[str],
+    runtime: Any,
+    backend: Any = None,
+    progress: bool = False,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
 ) -> Model:
-    """Load a GGUF file or HF folder onto ``backend``; raise a TesseraError on bad input."""
+    """Load a GGUF file or HF folder; raise a TesseraError on bad input.
+
+    ``backend`` is a Backend instance, a backend name, or None for the best installed
+    backend that supports every op of the model (see :func:`select_backend`).
+    """
     path = Path(path)
     if path.is_dir() and (path / "config.json").exists():
         arch, config, raw, metadata = _read_hf_dir(path, runtime)
@@ -72,6 +129,12 @@ def load_model(
         config = arch.config_from_gguf(gguf.metadata, shapes)
         raw, metadata = gguf.tensors, gguf.metadata
     qtypes = {name: runtime.quant_type(t.ggml_type, name) for name, t in raw.items()}
+    if backend is None or isinstance(backend, str):
+        backend = select_backend(runtime, arch, config, backend, device, dtype)
+    elif missing := unsupported_ops(backend, arch, config):
+        raise UnknownBackendError(
+            f"backend '{backend.name}' does not support {', '.join(missing)} needed by this model"
+        )
     backend.use_kernels(runtime.weight_kernels())
     weights: dict[str, Any] = {}
     items = list(raw.items())

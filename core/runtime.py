@@ -220,19 +220,25 @@ class Runtime:
             f"unknown quant type '{name}'; the installed quant types are: {known}"
         )
 
+    def backend_preference(self) -> list[str]:
+        """Installed backend names, best first: torch (the fast one), then the rest by name."""
+        names = sorted(self.backends())
+        return sorted(names, key=lambda n: n != "torch")
+
     def create_backend(
         self, name: str | None = None, device: str | None = None, dtype: str | None = None
     ) -> Any:
-        """Create a backend by name; with no name, the first that can run here (torch, numpy)."""
+        """Create a backend by name; with no name, the first in preference that can run here."""
         backends = self.backends()
         if name is None:
-            for candidate in ("torch", *sorted(backends)):
-                if candidate in backends:
-                    try:
-                        return backends[candidate].create(device, dtype)
-                    except UnknownBackendError:
-                        continue
-            raise UnknownBackendError("no usable backend is installed; install tessera[torch]")
+            for candidate in self.backend_preference():
+                try:
+                    return backends[candidate].create(device, dtype)
+                except UnknownBackendError:
+                    continue
+            raise UnknownBackendError(
+                "no usable backend is installed; install torch or enable the numpy backend"
+            )
         if name not in backends:
             known = ", ".join(sorted(backends)) or "none"
             raise UnknownBackendError(

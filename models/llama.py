@@ -257,6 +257,18 @@ class LlamaArchitecture(Architecture):
         fields.setdefault("head_dim", fields["n_embd"] // fields["n_head"])
         return LlamaConfig(**fields)
 
+    def required_ops(self, c: LlamaConfig) -> list[tuple[str, dict[str, Any]]]:
+        return [
+            ("get_rows", {}),
+            ("matmul", {}),
+            ("add", {}),
+            ("rms_norm", {"n": c.n_embd}),
+            ("rope", {"n_rot": c.head_dim, "head_dim": c.head_dim, "neox": c.rope_neox}),
+            ("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}),
+            ("set_rows", {}),
+            ("swiglu", {}),
+        ]
+
     def kv_layout(self, c: LlamaConfig) -> list[KVLayerLayout | None]:
         return [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)] * c.n_layer
 
