@@ -62,3 +62,26 @@ class WeightKernel:
     supports: Callable[[Any], bool] = attrs.field(eq=False, repr=False)
     load: Callable[[Any, Any], Any] = attrs.field(eq=False, repr=False)
     description: str = ""
+
+
+def kernel_matches_reference(
+    backend: Any, qtype: QuantType, load: Callable[[Any, Any], Any], n_out: int = 16
+) -> bool:
+    """The shared core of a weight kernel's probe: load a small random weight with ``load``,
+    multiply on ``backend``, and compare with numpy's dequantize-then-matmul.
+
+    Any exception (a missing op, an unsupported device or dtype) means "not supported".
+    The tolerance allows bf16/f16 compute.
+    """
+    from tessera.gguf_file import RawTensor
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n_out, 2 * qtype.block_size)).astype(np.float32)
+    x = rng.standard_normal((2, 2 * qtype.block_size)).astype(np.float32)
+    raw = RawTensor("probe", qtype.ggml_type, w.shape, qtype.quantize_tensor(w))
+    want = x @ qtype.dequantize_tensor(raw.data, w.shape).T
+    try:
+        got = backend.to_numpy(backend.matmul(backend.from_numpy(x), load(backend, raw)))
+    except Exception:
+        return False
+    return bool(np.allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max()))

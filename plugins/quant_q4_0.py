@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from functools import partial
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.hookspecs import hookimpl
-from tessera.quant import QuantType, WeightKernel
+from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
 
 TESSERA_PLUGIN_API = 1
 
@@ -181,26 +182,10 @@ def supports_torch(backend: Any) -> bool:
         return False
     cache = backend.probe_cache
     if "Q4_0" not in cache:
-        cache["Q4_0"] = _probe(backend)
+        cache["Q4_0"] = _int4_ops(backend.torch_device.type) is not None and (
+            kernel_matches_reference(backend, Q4_0, partial(load_torch, min_rows=math.inf))
+        )
     return cache["Q4_0"]
-
-
-def _probe(backend: Any) -> bool:
-    from tessera.gguf_file import RawTensor
-
-    if _int4_ops(backend.torch_device.type) is None:
-        return False
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((16, 2 * BLOCK_SIZE)).astype(np.float32)
-    x = rng.standard_normal((2, 2 * BLOCK_SIZE)).astype(np.float32)
-    raw = RawTensor("probe", Q4_0.ggml_type, w.shape, Q4_0.quantize_tensor(w))
-    want = x @ Q4_0.dequantize_tensor(raw.data, w.shape).T
-    try:
-        weight = load_torch(backend, raw, min_rows=math.inf)
-        got = backend.to_numpy(weight.matmul(backend.from_numpy(x)))
-    except Exception:  # a missing or broken kernel on this device/dtype: decline
-        return False
-    return bool(np.allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max()))
 
 
 @hookimpl

@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.hookspecs import hookimpl
-from tessera.quant import QuantType, WeightKernel
+from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
 
 TESSERA_PLUGIN_API = 1
 
@@ -103,23 +103,8 @@ def supports_torch(backend: Any) -> bool:
         return False
     cache = backend.probe_cache
     if "Q8_0" not in cache:
-        cache["Q8_0"] = _probe(backend)
+        cache["Q8_0"] = kernel_matches_reference(backend, Q8_0, load_torch)
     return cache["Q8_0"]
-
-
-def _probe(backend: Any) -> bool:
-    from tessera.gguf_file import RawTensor
-
-    rng = np.random.default_rng(0)
-    w = rng.standard_normal((4, 2 * BLOCK_SIZE)).astype(np.float32)
-    x = rng.standard_normal((2, 2 * BLOCK_SIZE)).astype(np.float32)
-    raw = RawTensor("probe", Q8_0.ggml_type, w.shape, Q8_0.quantize_tensor(w))
-    want = x @ Q8_0.dequantize_tensor(raw.data, w.shape).T
-    try:
-        got = backend.to_numpy(load_torch(backend, raw).matmul(backend.from_numpy(x)))
-    except Exception:
-        return False
-    return bool(np.allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max()))
 
 
 @hookimpl
