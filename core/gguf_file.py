@@ -12,6 +12,7 @@ Every way a file can be bad becomes one :class:`~tessera.errors.ModelFileError` 
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 from collections.abc import Mapping
@@ -254,7 +255,8 @@ def _tensor_ends(path: Path, infos: list, data_start: int, size: int) -> list[in
             block_size, type_size = GGML_QUANT_SIZES[ggml_type]
             end = start + int(np.prod(shape, dtype=object)) * type_size // block_size
         else:
-            end = next((s for s in starts if s > start), start)
+            later = bisect.bisect_right(starts, start)
+            end = starts[later] if later < len(starts) else start
         if end > size:
             raise ModelFileError(
                 f"'{path}' is truncated: tensor '{name}' needs bytes up to {end} but the "
@@ -265,7 +267,14 @@ def _tensor_ends(path: Path, infos: list, data_start: int, size: int) -> list[in
 
 
 def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Open a GGUF file with memory mapping; raise ModelFileError if it is missing or bad."""
+    """Open a GGUF file with memory mapping; raise ModelFileError if it is missing or bad.
+
+    Metadata values are Python ``int`` / ``float`` (FLOAT32 widened exactly) / ``bool`` /
+    ``str`` or lists of them; an array of arrays stays a list of lists. Big-endian files
+    are refused. A tensor of a GGML type id the ``gguf`` package does not know is not an
+    error here: its ``data`` runs up to the next tensor's start (padding included) or to
+    the end of the file, and the loader names the unknown type.
+    """
     path = Path(path)
     _check_header(path)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
