@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import transformers  # the oracle (in the test extra)
 
 from tessera.batch import Batch
 from tessera.context import Context, ContextParams
@@ -25,8 +26,6 @@ from tessera.plugins.convert import convert_hf_to_gguf
 from tessera.runtime import Runtime
 from tessera.sampling import Sampler, SamplerParams
 from tessera.testing.models import make_hf_dir
-
-transformers = pytest.importorskip("transformers")
 
 CASES = {
     "llama-gqa": ("llama", {}),
