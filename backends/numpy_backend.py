@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.backend import Backend, BackendInfo
+from tessera.backend import CORE_OPS, Backend, BackendInfo
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
 
@@ -21,6 +21,11 @@ class NumpyBackend(Backend):
     name = "numpy"
     device = "cpu"
     dtype = "f32"
+
+    def supports(self, op: str, **attrs: Any) -> bool:
+        # attention_rows is implemented as a reference but declined: numpy contexts always
+        # run the dense-mask fallback, so that path stays exercised by every numpy test.
+        return op in CORE_OPS
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
         a = np.asarray(a)
@@ -106,6 +111,32 @@ class NumpyBackend(Backend):
         total = weights.sum(axis=-1, keepdims=True)
         weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
         out = np.einsum("hts,shd->thd", weights, v)
+        return out.reshape(n_tokens, -1).astype(np.float32)
+
+    def attention_rows(self, q, k_cache, v_cache, kv_rows, scale):
+        """The reference for other backends' ``attention_rows`` (the conformance kit's oracle).
+
+        The probe still declines the op (see :meth:`supports`), so contexts on this backend
+        take the dense-mask path: the fallback the runtime must always have.
+        """
+        n_tokens, n_head, _ = q.shape
+        group = n_head // k_cache.shape[1]
+        real = kv_rows.rows >= 0
+        cells = np.where(real, kv_rows.rows, 0)
+        # Padding rows read nothing: zeros instead of whatever cell 0 holds.
+        k = np.where(real[..., None, None], k_cache[cells], 0.0)  # (S, R, Hkv, D)
+        v = np.where(real[..., None, None], v_cache[cells], 0.0)
+        k, v = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+        qs = q[np.where(kv_rows.q_rows >= 0, kv_rows.q_rows, 0)]  # (S, Tq, Hq, D)
+        scores = np.einsum("sthd,srhd->shtr", qs, k) * np.float32(scale)
+        scores = np.where(kv_rows.allowed()[:, None], scores, -np.inf)
+        peak = scores.max(axis=-1, keepdims=True)
+        peak = np.where(np.isfinite(peak), peak, 0.0)
+        weights = np.exp(scores - peak)
+        total = weights.sum(axis=-1, keepdims=True)
+        weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
+        out = np.einsum("shtr,srhd->sthd", weights, v)  # (S, Tq, Hq, Dv)
+        out = out.reshape(-1, n_head * v.shape[-1])[kv_rows.q_index]
         return out.reshape(n_tokens, -1).astype(np.float32)
 
     def set_rows(self, dst, rows, src):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tessera.backend import CORE_OPS, Backend
+from tessera.backend import CORE_OPS, OPTIONAL_OPS, Backend
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -55,16 +55,17 @@ class TorchBackend(Backend):
         self._kernels: dict[str, Any] = {}
         self._inv_freq: dict[tuple[int, float, float], torch.Tensor] = {}
         self._rope_tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
 
     # -- capability probe and setup --------------------------------------------------
 
     def supports(self, op: str, **attrs: Any) -> bool:
-        if op not in CORE_OPS:
+        if op not in CORE_OPS + OPTIONAL_OPS:
             return False
         if op == "rope":
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
-        if op == "attention":
+        if op in ("attention", "attention_rows"):
             n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
         return True
@@ -205,18 +206,72 @@ class TorchBackend(Backend):
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed = self._tensor(mask).to(self.torch_device)
-        # (H, T, D) views: SDPA treats the leading axis as heads; GQA without copying K/V.
+        # (1, H, T, D) views; GQA without copying K/V. With a batch axis SDPA takes its
+        # fused CPU kernel (3-D inputs fall back to the slow unfused path: 5-8x slower).
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1),
-            k_cache[:n_kv].transpose(0, 1),
-            v_cache[:n_kv].transpose(0, 1),
+            q.transpose(0, 1)[None],
+            k_cache[:n_kv].transpose(0, 1)[None],
+            v_cache[:n_kv].transpose(0, 1)[None],
             attn_mask=allowed,
             scale=scale,
             enable_gqa=n_head != n_head_kv,
-        )
+        )[0]
         # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
         out = out.masked_fill(~allowed.any(-1)[None, :, None], 0.0)
         return out.transpose(0, 1).reshape(n_tokens, -1)
+
+    def _rows_tensors(self, kv_rows: Any) -> dict[str, Any]:
+        """Index and mask tensors of one :class:`~tessera.kv_cache.KVRows`, made once per
+        ubatch (every layer of the forward pass reuses them)."""
+        if self._rows_inputs is not None and self._rows_inputs[0] is kv_rows:
+            return self._rows_inputs[1]
+        rows = kv_rows.rows
+        n_slices, n_rows = rows.shape
+        allowed = kv_rows.allowed()
+        t: dict[str, Any] = {
+            "q": self._index(np.maximum(kv_rows.q_rows, 0).ravel()),
+            "out": self._index(kv_rows.q_index),
+            "mask": self._tensor(allowed).to(self.torch_device)[:, None],  # (S, 1, Tq, R)
+            "dead": self._tensor(~allowed.any(-1)).to(self.torch_device)[:, None, :, None],
+            "pad": None,
+            "span": None,
+        }
+        if n_slices == 1 and np.array_equal(rows[0], np.arange(rows[0, 0], rows[0, 0] + n_rows)):
+            t["span"] = (int(rows[0, 0]), n_rows)  # one sequence in one run: a view, no gather
+        else:
+            t["cells"] = self._index(np.maximum(rows, 0).ravel())
+            if kv_rows.padded:
+                t["pad"] = self._tensor(rows < 0).to(self.torch_device)[..., None, None]
+        self._rows_inputs = (kv_rows, t)
+        return t
+
+    def attention_rows(self, q, k_cache, v_cache, kv_rows, scale):
+        n_tokens, n_head, dim = q.shape
+        n_head_kv = k_cache.shape[1]
+        n_slices, n_q = kv_rows.q_rows.shape
+        n_rows = kv_rows.rows.shape[1]
+        t = self._rows_tensors(kv_rows)
+        if t["span"] is not None:
+            start, length = t["span"]
+            k, v = k_cache[start : start + length][None], v_cache[start : start + length][None]
+        else:
+            k = k_cache.index_select(0, t["cells"]).view(n_slices, n_rows, n_head_kv, -1)
+            v = v_cache.index_select(0, t["cells"]).view(n_slices, n_rows, n_head_kv, -1)
+            if t["pad"] is not None:  # padding rows read nothing (a -inf mask entry)
+                k, v = k.masked_fill(t["pad"], 0.0), v.masked_fill(t["pad"], 0.0)
+        qs = q.index_select(0, t["q"]).view(n_slices, n_q, n_head, dim)
+        # (S, H, Tq|R, D): one batched SDPA over all slices; GQA without copying K/V.
+        out = F.scaled_dot_product_attention(
+            qs.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=t["mask"],
+            scale=scale,
+            enable_gqa=n_head != n_head_kv,
+        )
+        out = out.masked_fill(t["dead"], 0.0)  # a query with no allowed row gives zeros
+        out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
+        return out.index_select(0, t["out"]).reshape(n_tokens, -1)
 
     def set_rows(self, dst: torch.Tensor, rows: np.ndarray, src: torch.Tensor) -> None:
         index = self._index(rows)

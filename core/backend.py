@@ -40,6 +40,9 @@ CORE_OPS = (
     "set_rows",
 )
 
+#: Ops a backend may lack; it declares them through :meth:`Backend.supports`.
+OPTIONAL_OPS = ("attention_rows",)
+
 
 @attrs.frozen
 class BackendInfo:
@@ -200,6 +203,20 @@ class Backend(ABC):
         the query may attend. A query row with no allowed cell yields zeros. Returns
         ``(T, Hq * Dv)``.
         """
+
+    def attention_rows(self, q: Any, k_cache: Any, v_cache: Any, kv_rows: Any, scale: float) -> Any:
+        """Optional: attention of each sequence's queries over only its own cache rows.
+
+        ``kv_rows`` is a :class:`tessera.kv_cache.KVRows`: the queries of ``q`` ``(T, Hq, D)``
+        grouped into slices, each with the cells it attends to (``-1`` = padding, exactly
+        like a ``-inf`` mask entry), causal by position inside a slice, optionally within
+        a sliding window; GQA as in :meth:`attention`. Same result as :meth:`attention`
+        with the equivalent dense mask, but the work is proportional to each slice's rows,
+        not to the whole cache. Returns ``(T, Hq * Dv)`` in ubatch row order; a query with
+        no allowed row yields zeros. Backends that implement it answer True to
+        ``supports("attention_rows", ...)``; the default declines.
+        """
+        raise NotImplementedError(f"backend {self.name} does not implement attention_rows")
 
     @abstractmethod
     def set_rows(self, dst: Any, rows: np.ndarray, src: Any) -> None:

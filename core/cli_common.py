@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from tessera.context import Context, ContextParams
+from tessera.context import FLASH_ATTN_MODES, Context, ContextParams
 from tessera.model import Model, default_model_path, load_model
 from tessera.sampling import SamplerParams
 
@@ -14,7 +14,7 @@ log = logging.getLogger("tessera")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """-m, -c, -b, -ub, -np, -t and backend selection, named as in llama.cpp."""
+    """-m, -c, -b, -ub, -np, -t, -fa and backend selection, named as in llama.cpp."""
     g = parser.add_argument_group("model and context")
     g.add_argument(
         "-m", "--model", help="GGUF file or Hugging Face folder (default: bundled model)"
@@ -26,6 +26,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
     g.add_argument("-np", "--parallel", type=int, default=1, help="number of parallel sequences")
     g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0 = backend default)")
+    g.add_argument(
+        "-fa",
+        "--flash-attn",
+        choices=FLASH_ATTN_MODES,
+        default="auto",
+        help="row-indexed attention over the KV cache (auto: where the backend supports it)",
+    )
     g.add_argument(
         "--backend", default=None, help="backend plugin to use (default: best available)"
     )
@@ -82,5 +89,7 @@ def context_from_args(args: argparse.Namespace, model: Model) -> Context:
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
         n_seq_max=args.parallel,
+        flash_attn=args.flash_attn,
+        kv_unified=getattr(args, "kv_unified", True),
     )
     return Context(model, params)

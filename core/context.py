@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import attrs
@@ -21,14 +22,53 @@ def _positive(instance: Any, attribute: Any, value: int) -> None:
         raise TesseraError(f"{attribute.name} must be at least 1, got {value}")
 
 
+def _flash_attn(instance: Any, attribute: Any, value: str) -> None:
+    if value not in FLASH_ATTN_MODES:
+        raise TesseraError(f"flash_attn must be one of on, off, auto; got '{value}'")
+
+
+#: llama.cpp's -fa values. "auto": on where the backend supports ``attention_rows``.
+FLASH_ATTN_MODES = ("on", "off", "auto")
+#: Set (to anything but "" or "0") to force the dense-mask path, for comparison.
+KV_ROWS_DISABLE_ENV = "TESSERA_KV_ROWS_DISABLE"
+
+
 @attrs.frozen
 class ContextParams:
-    """Sizes of a context (llama.cpp's -c, -b, -ub, -np)."""
+    """Sizes and switches of a context (llama.cpp's -c, -b, -ub, -np, -fa, --kv-unified)."""
 
     n_ctx: int = attrs.field(default=2048, validator=_positive)
     n_batch: int = attrs.field(default=2048, validator=_positive)
     n_ubatch: int = attrs.field(default=512, validator=_positive)
     n_seq_max: int = attrs.field(default=1, validator=_positive)
+    flash_attn: str = attrs.field(default="auto", validator=_flash_attn)
+    #: One cell pool for all sequences (tessera's default); False splits it per sequence.
+    kv_unified: bool = True
+
+
+def choose_kv_path(
+    model: Any, params: ContextParams, backend: Any = None, attention: dict | None = None
+) -> tuple[str, str]:
+    """``("rows" | "dense", why)``: the rows path needs a unified KV cache, flash attention
+    on (or auto), the backend's probe saying yes, and no ``TESSERA_KV_ROWS_DISABLE``.
+
+    Without a model (``tessera plugins``) pass ``backend`` and the attention parameters.
+    """
+    if os.environ.get(KV_ROWS_DISABLE_ENV, "") not in ("", "0"):
+        return "dense", f"{KV_ROWS_DISABLE_ENV} set"
+    if params.flash_attn == "off":
+        return "dense", "-fa off"
+    if not params.kv_unified:
+        return "dense", "KV cache split per sequence (not unified)"
+    if model is not None:
+        backend = model.backend
+        attention = dict(model.arch.required_ops(model.config)).get("attention", {})
+    if not backend.supports("attention_rows", **(attention or {})):
+        return "dense", f"backend {backend.name} does not support attention_rows"
+    return (
+        "rows",
+        f"unified, -fa {params.flash_attn}, backend {backend.name} supports attention_rows",
+    )
 
 
 class Context:
@@ -39,7 +79,11 @@ class Context:
         self.params = params or ContextParams()
         p = self.params
         self.n_ubatch = min(p.n_ubatch, p.n_batch)
-        self.kv = KVCache(model.backend, model.arch.kv_layout(model.config), p.n_ctx, p.n_seq_max)
+        layout = model.arch.kv_layout(model.config)
+        self.kv = KVCache(model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified)
+        #: "rows" or "dense" (see :func:`choose_kv_path`) and the reason, for reports.
+        self.kv_path, self.kv_path_reason = choose_kv_path(model, p)
+        model.backend.record("kv attention", self.kv_path, self.kv_path_reason)
         log.info(
             "context: n_ctx=%d n_batch=%d n_ubatch=%d n_seq_max=%d backend=%s dtype=%s",
             p.n_ctx,
@@ -49,6 +93,7 @@ class Context:
             model.backend.name,
             model.backend.dtype,
         )
+        log.info("kv path: %s (%s)", self.kv_path, self.kv_path_reason)
 
     @property
     def n_ctx(self) -> int:
@@ -87,14 +132,14 @@ class Context:
         backend = self.model.backend
         try:
             for ub in batch.split(self.n_ubatch):
-                cells = self.kv.find_slot(len(ub))
+                cells = self.kv.find_slot(len(ub), ub.seq_ids)
                 self.kv.commit(cells, ub.positions, ub.seq_ids)
                 written.append(cells)
                 inp = ForwardInput(
                     tokens=ub.tokens,
                     positions=ub.positions,
                     output_rows=np.flatnonzero(ub.output),
-                    kv=self.kv.view(cells, ub.positions, ub.seq_ids),
+                    kv=self.kv.view(cells, ub.positions, ub.seq_ids, self.kv_path),
                 )
                 logits = self.model.graph.forward(inp)
                 if len(inp.output_rows):

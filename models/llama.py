@@ -311,7 +311,7 @@ class LlamaGraph:
         kv = inp.kv
         b.set_rows(kv.k[il], kv.cells, k)
         b.set_rows(kv.v[il], kv.cells, v)
-        out = b.attention(q, kv.k[il], kv.v[il], kv.n_kv, kv.mask, self.attn_scale)
+        out = kv.attend(b, il, q, self.attn_scale)
         return self._project(out, p + "attn_output")
 
     def forward(self, inp: ForwardInput) -> Any:

@@ -3,7 +3,9 @@
 Shapes are small but chosen to reach awkward paths: output rows that are not a multiple
 of 16, ubatches of 1 (decode) and 33 rows (prefill), partial rotary dims, grouped-query
 ratios 1/2/4, several sequences in one mask, a query with no visible cell, and KV cells
-past ``n_kv`` filled with NaN (an op that reads them fails).
+past ``n_kv`` filled with NaN (an op that reads them fails). ``attention_rows`` cases
+(an optional op) use real row lists from :meth:`tessera.kv_cache.KVCache.rows`: ragged
+sequences, padding, a sequence with nothing to see yet, GQA and a sliding window.
 """
 
 from __future__ import annotations
@@ -246,6 +248,76 @@ def _attention_inputs(rng, n_tokens, n_head, n_head_kv, head_dim, dim_v, n_cells
     return {"q": _normal(rng, n_tokens, n_head, head_dim), "k": k, "v": v, "mask": mask}
 
 
+#: Cache contents for ``attention_rows`` cases: (seq, first pos, n tokens) per fill, in order.
+#: Cell 0 is freed afterwards and holds NaN, as do cells past n_kv: padding rows (clamped
+#: to any index) and cells of other sequences must never be read.
+_ROWS_FILLS = [(0, 0, 5), (1, 0, 9), (2, 0, 3), (0, 5, 4), (3, 6, 7), (1, 9, 2)]
+_ROWS_QUERIES = {
+    # (positions, seq_ids) of the ubatch's queries
+    "ragged": ([8, 3, 5, 2, 7, 10, 6, 1], [0, 1, 1, 2, 1, 1, 3, 2]),
+    "decode": ([9, 11, 3, 13], [0, 1, 2, 3]),
+    "dead-query": ([4, 2, 8], [3, 3, 0]),  # seq 3 holds positions 6.. only
+}
+
+
+def _rows_inputs(rng, kind, n_head, n_head_kv, head_dim, window):
+    from tessera.kv_cache import KVCache
+
+    n_cells = 40
+    cache = KVCache(None, [None], n_cells, 4)  # cell bookkeeping only
+    cache.commit(np.array([0]), np.array([0]), np.array([3]))
+    for seq, start, n in _ROWS_FILLS:
+        cache.commit(cache.find_slot(n), np.arange(start, start + n), np.full(n, seq))
+    cache.release(np.array([0]))
+    positions, seq_ids = (np.array(a) for a in _ROWS_QUERIES[kind])
+    kv_rows = cache.rows(positions, seq_ids, cache.n_kv(), window)
+    k = _normal(rng, n_cells, n_head_kv, head_dim)
+    v = _normal(rng, n_cells, n_head_kv, head_dim)
+    unused = np.setdiff1d(np.arange(n_cells), kv_rows.rows[kv_rows.rows >= 0])
+    k[unused] = np.nan
+    v[unused] = np.nan
+    q = _normal(rng, len(positions), n_head, head_dim)
+    return {"q": q, "k": k, "v": v, "rows": kv_rows}
+
+
+def _rows_dead_queries_zero(got: np.ndarray, args: dict[str, Any]) -> str | None:
+    rows = args["rows"]
+    dead = ~rows.allowed().any(-1).ravel()[rows.q_index]
+    return "a query with no allowed row did not give zeros" if np.any(got[dead] != 0) else None
+
+
+def attention_rows_cases() -> list[Case]:
+    cases = []
+    n_head_kv, head_dim = 2, 32
+    for kind, (positions, _) in _ROWS_QUERIES.items():
+        for group in (1, 2, 4):
+            for window in (0, 4):
+                n_head, n_tokens = n_head_kv * group, len(positions)
+                swa = f"-swa{window}" if window else ""
+                cases.append(
+                    Case(
+                        f"attention_rows-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{swa}",
+                        "attention_rows",
+                        {
+                            "n_head": n_head,
+                            "n_head_kv": n_head_kv,
+                            "head_dim": head_dim,
+                            "window": window,
+                            "n_tokens": n_tokens,
+                        },
+                        lambda rng, k=kind, h=n_head, w=window: _rows_inputs(
+                            rng, k, h, n_head_kv, head_dim, w
+                        ),
+                        lambda b, a: b.attention_rows(
+                            a["q"], a["k"], a["v"], a["rows"], 1.0 / np.sqrt(head_dim)
+                        ),
+                        (n_tokens, n_head * head_dim),
+                        _rows_dead_queries_zero,
+                    )
+                )
+    return cases
+
+
 def _other_rows_kept(got: np.ndarray, args: dict[str, Any]) -> str | None:
     kept = np.setdiff1d(np.arange(len(got)), args["rows"])
     return None if np.all(got[kept] == 0) else "set_rows changed rows it was not given"
@@ -275,5 +347,6 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *norm_cases(),
         *rope_cases(),
         *attention_cases(),
+        *attention_rows_cases(),
         set_rows_case(),
     ]

@@ -26,9 +26,9 @@ def test_op_matches_reference(backend, case):
 
 
 def test_every_core_op_and_quant_type_has_cases():
-    from tessera.backend import CORE_OPS
+    from tessera.backend import CORE_OPS, OPTIONAL_OPS
 
-    assert {c.op for c in CASES} == set(CORE_OPS)
+    assert {c.op for c in CASES} == set(CORE_OPS + OPTIONAL_OPS)
     covered = {c.probe["quant_type"] for c in CASES if c.op == "matmul"}
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0"} <= covered
     assert len({c.id for c in CASES}) == len(CASES)
