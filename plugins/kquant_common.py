@@ -1,0 +1,103 @@
+"""Shared pieces of the K-quant plugins (Q4_K, Q6_K): float32 arithmetic as ggml does it,
+and a torch weight that keeps integer codes plus per-group scales.
+
+Not an entry point itself; :mod:`tessera.plugins.quant_q4_k` and
+:mod:`tessera.plugins.quant_q6_k` import it.
+
+Bit-exactness with llama.cpp's reference quantizers rests on three facts, checked against
+``llama-quantize`` output (tests/data/kquants):
+
+- every operation is a float32 operation, one rounding each (no fused multiply-add);
+- sums run strictly left to right, as the C loops do: :func:`seq_sum` uses
+  ``np.cumsum``, which accumulates sequentially (``np.sum`` sums pairwise and would not
+  match);
+- ggml's ``nearest_int`` (add 1.5 * 2**23, keep the low mantissa bits) is round half to
+  even, that is ``np.rint``, for every value the quantizers feed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+F32 = np.float32
+QK_K = 256
+#: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it counts as all zero.
+GROUP_MAX_EPS = F32(1e-15)
+
+
+def seq_sum(values: np.ndarray) -> np.ndarray:
+    """Float32 sum over the last axis, left to right, as a C ``for`` loop adds."""
+    return np.cumsum(values, axis=-1, dtype=F32)[..., -1]
+
+
+def nearest_int(values: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int``: round half to even, as float32."""
+    return np.rint(values).astype(F32)
+
+
+def first_argmax(values: np.ndarray) -> np.ndarray:
+    """Index of the first maximum along the last axis (C's ``if (v > best)`` scan)."""
+    return np.argmax(values, axis=-1)
+
+
+def fp16_bytes(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to IEEE half (nearest even, as GGML_FP32_TO_FP16), as bytes."""
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(values, dtype=F32).astype("<f2").reshape(-1, 1).view(np.uint8)
+
+
+class TorchGroupedWeight:
+    """A K-quant weight on a torch backend: integer codes plus per-group scale and offset.
+
+    ``value = code * scale - offset`` per group of ``codes.shape[-1]`` inputs. Codes stay
+    in ``int8`` / ``uint8`` (one byte per weight instead of two for bf16); each matmul
+    dequantizes to the compute dtype. Implements the torch backend's quantized-weight
+    interface: ``shape``, ``matmul(x)`` and ``get_rows(ids)``.
+    """
+
+    def __init__(self, codes: Any, scales: Any, offsets: Any | None, dtype: Any) -> None:
+        self.codes = codes  # (n_out, n_groups, group)
+        self.scales = scales  # (n_out, n_groups, 1), compute dtype
+        self.offsets = offsets  # same shape, or None
+        self.dtype = dtype
+        n_out, n_groups, group = codes.shape
+        self.shape = (n_out, n_groups * group)
+
+    def _dense(self, codes: Any, scales: Any, offsets: Any | None) -> Any:
+        values = codes.to(self.dtype) * scales
+        if offsets is not None:
+            values = values - offsets
+        return values.flatten(-2)
+
+    def matmul(self, x: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.linear(x, self._dense(self.codes, self.scales, self.offsets).to(x.dtype))
+
+    def get_rows(self, ids: np.ndarray) -> Any:
+        import torch
+
+        index = torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.codes.device)
+        offsets = None if self.offsets is None else self.offsets[index]
+        return self._dense(self.codes[index], self.scales[index], offsets)
+
+
+def torch_grouped_weight(
+    backend: Any, codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None
+) -> TorchGroupedWeight:
+    """Move numpy codes ``(n_out, n_groups, group)`` and float32 scales/offsets to the device."""
+    import torch
+
+    device, dtype = backend.torch_device, backend.torch_dtype
+
+    def put(a: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=F32)).to(device=device, dtype=dtype)
+
+    return TorchGroupedWeight(
+        torch.from_numpy(np.ascontiguousarray(codes)).to(device),
+        put(scales),
+        None if offsets is None else put(offsets),
+        dtype,
+    )
