@@ -21,4 +21,4 @@ test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: install
-	$(BIN)/ruff check core backends models plugins tests training
+	$(BIN)/ruff check core backends models plugins tests training examples

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from tessera import __version__
 from tessera.errors import TesseraError
 from tessera.plugin_report import add_plugins_arguments, run_plugins
-from tessera.runtime import Runtime
+from tessera.runtime import PluginFailure, Runtime
 
 
 def _global_parser() -> argparse.ArgumentParser:
@@ -49,6 +49,14 @@ def build_parser(runtime: Runtime) -> argparse.ArgumentParser:
     return parser
 
 
+def _warn(failure: PluginFailure) -> None:
+    print(
+        f"warning: plugin '{failure.name}' skipped: {failure.error} (tessera runs without it; "
+        f"--disable-plugins {failure.name} stops loading it)",
+        file=sys.stderr,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     early, _ = _global_parser().parse_known_args(argv)
@@ -58,14 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        runtime = Runtime(disabled=[n for n in early.disable_plugins.split(",") if n])
+        runtime = Runtime(
+            disabled=[n for n in early.disable_plugins.split(",") if n], on_failure=_warn
+        )
         parser = build_parser(runtime)
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help()
             return 2
-        for failure in runtime.failures:
-            print(f"warning: plugin '{failure.name}' skipped: {failure.error}", file=sys.stderr)
         return int(args.run(args, runtime) or 0)
     except TesseraError as exc:
         if early.verbose:

@@ -129,6 +129,7 @@ def load_model(
         config = arch.config_from_gguf(gguf.metadata, shapes)
         raw, metadata = gguf.tensors, gguf.metadata
     qtypes = {name: runtime.quant_type(t.ggml_type, name) for name, t in raw.items()}
+    raw = {name: stored_tensor(t, qtypes[name]) for name, t in raw.items()}
     if backend is None or isinstance(backend, str):
         backend = select_backend(runtime, arch, config, backend, device, dtype)
     elif missing := unsupported_ops(backend, arch, config):
@@ -141,7 +142,8 @@ def load_model(
     if progress:
         from tqdm import tqdm
 
-        items = tqdm(items, desc=f"loading {path.name}", unit="tensor", leave=False)
+        # disable=None: draw the bar only on a terminal, never into pipes or logs.
+        items = tqdm(items, desc=f"loading {path.name}", unit="tensor", leave=False, disable=None)
     for name, tensor in items:
         weights[name] = backend.load_weight(tensor, qtypes[name])
     graph = arch.build(config, weights, backend)
@@ -150,6 +152,24 @@ def load_model(
     )
     tokenizer = _tokenizer(path, metadata) if has_vocab else None
     return Model(path, arch, config, backend, weights, graph, tokenizer, metadata)
+
+
+def stored_tensor(raw: RawTensor, qtype: Any) -> RawTensor:
+    """``raw`` with exactly the bytes ``qtype`` stores its shape in.
+
+    The GGUF reader cannot size a tensor of a type the ``gguf`` package does not know (a
+    plugin's type), so it hands over the bytes up to the next tensor, padding included.
+    """
+    n_cols = raw.shape[-1] if raw.shape else 1
+    n_bytes = raw.n_elements // n_cols * qtype.row_bytes(n_cols)
+    if raw.data.size < n_bytes:
+        raise ModelFileError(
+            f"tensor '{raw.name}' has {raw.data.size} bytes but {qtype.name} needs {n_bytes} "
+            f"for shape {raw.shape}; the file is truncated or damaged — convert it again"
+        )
+    if raw.data.size == n_bytes:
+        return raw
+    return RawTensor(raw.name, raw.ggml_type, raw.shape, raw.data[:n_bytes])
 
 
 def _tokenizer(path: Path, metadata: Mapping[str, Any]) -> Any | None:

@@ -69,8 +69,12 @@ class Runtime:
         only: Iterable[str] | None = None,
         strict: bool | None = None,
         entry_points: Iterable[Any] | None = None,
+        on_failure: Callable[[PluginFailure], None] | None = None,
     ) -> None:
+        """``on_failure`` is called with each :class:`PluginFailure` as it happens (the CLI
+        prints a warning), at load time or later when a catalogue hook raises."""
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.on_failure = on_failure
         self.pm.add_hookspecs(hookspecs)
         self.strict = env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict
         self.disabled = set(disabled) | set(env_list("TESSERA_DISABLE_PLUGINS"))
@@ -90,7 +94,10 @@ class Runtime:
     def _fail(self, name: str, error: str) -> None:
         if self.strict:
             raise PluginError(f"plugin '{name}' failed to load: {error}")
-        self.failures.append(PluginFailure(name, error))
+        failure = PluginFailure(name, error)
+        self.failures.append(failure)
+        if self.on_failure is not None:
+            self.on_failure(failure)
 
     def _load(self, entry_points: Iterable[Any]) -> None:
         for ep in entry_points:
@@ -106,6 +113,13 @@ class Runtime:
     def add_plugin(self, module: Any, name: str, distribution: tuple[str, str] = ("", "")) -> bool:
         """Register one plugin object; returns False (or raises in strict mode) if refused."""
         api = getattr(module, "TESSERA_PLUGIN_API", None)
+        if api is None:
+            self._fail(
+                name,
+                "does not declare TESSERA_PLUGIN_API; a plugin module must state the plugin-API "
+                f"version it was written for (this tessera speaks {PLUGIN_API_VERSION})",
+            )
+            return False
         if api != PLUGIN_API_VERSION:
             self._fail(
                 name,
@@ -115,7 +129,11 @@ class Runtime:
             return False
         try:
             self.pm.register(module, name=name)
+            # A hookimpl whose name matches no hook spec (a typo) would otherwise never run.
+            self.pm.check_pending()
         except Exception as exc:
+            if self.pm.is_registered(module):
+                self.pm.unregister(module)
             self._fail(name, f"{type(exc).__name__}: {exc}")
             return False
         module_name = getattr(module, "__name__", type(module).__name__)
