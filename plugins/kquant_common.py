@@ -101,3 +101,24 @@ def torch_grouped_weight(
         None if offsets is None else put(offsets),
         dtype,
     )
+
+
+def torch_grouped_kernel(qtype: Any, load: Any, description: str) -> Any:
+    """The torch :class:`~tessera.quant.WeightKernel` of a K-quant type, with its probe.
+
+    The probe declines on the CPU: there a weight dequantized once to the compute dtype
+    (the backend's fallback) multiplies ~6x faster than dequantizing per matmul, for 1 row
+    and for 128 (bench/quant_types.py), at twice the memory. Elsewhere it runs one tiny
+    matmul against numpy's dequantize, cached per backend.
+    """
+    from tessera.quant import WeightKernel, kernel_matches_reference
+
+    def supports(backend: Any) -> bool:
+        if getattr(backend, "name", "") != "torch" or backend.torch_device.type == "cpu":
+            return False
+        cache = backend.probe_cache
+        if qtype.name not in cache:
+            cache[qtype.name] = kernel_matches_reference(backend, qtype, load)
+        return cache[qtype.name]
+
+    return WeightKernel("torch", qtype.name, supports, load, description)

@@ -29,9 +29,10 @@ from tessera.plugins.kquant_common import (
     fp16_bytes,
     nearest_int,
     seq_sum,
+    torch_grouped_kernel,
     torch_grouped_weight,
 )
-from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.quant import QuantType
 
 TESSERA_PLUGIN_API = 1
 
@@ -152,21 +153,6 @@ def load_torch(backend: Any, raw: Any) -> Any:
     )
 
 
-def supports_torch(backend: Any) -> bool:
-    """Probe: one tiny matmul against numpy's dequantize; cached per backend.
-
-    Declines on the CPU: there a weight dequantized once to the compute dtype (the
-    backend's fallback) multiplies ~6x faster than dequantizing per matmul, for 1 row and
-    for 128 (bench/quant_types.py), at twice the memory.
-    """
-    if getattr(backend, "name", "") != "torch" or backend.torch_device.type == "cpu":
-        return False
-    cache = backend.probe_cache
-    if "Q4_K" not in cache:
-        cache["Q4_K"] = kernel_matches_reference(backend, Q4_K, load_torch)
-    return cache["Q4_K"]
-
-
 @hookimpl
 def tessera_register_quant_types(register):
     register(Q4_K)
@@ -175,11 +161,7 @@ def tessera_register_quant_types(register):
 @hookimpl
 def tessera_register_weight_kernels(register):
     register(
-        WeightKernel(
-            backend="torch",
-            quant_type="Q4_K",
-            supports=supports_torch,
-            load=load_torch,
-            description="uint8 codes + scale/min per 32, dequantized per matmul",
+        torch_grouped_kernel(
+            Q4_K, load_torch, "uint8 codes + scale/min per 32, dequantized per matmul"
         )
     )

@@ -30,9 +30,10 @@ from tessera.plugins.kquant_common import (
     fp16_bytes,
     nearest_int,
     seq_sum,
+    torch_grouped_kernel,
     torch_grouped_weight,
 )
-from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.quant import QuantType
 
 TESSERA_PLUGIN_API = 1
 
@@ -140,21 +141,6 @@ def load_torch(backend: Any, raw: Any) -> Any:
     return torch_grouped_weight(backend, signed, (d * scales).reshape(n_out, -1, 1), None)
 
 
-def supports_torch(backend: Any) -> bool:
-    """Probe: one tiny matmul against numpy's dequantize; cached per backend.
-
-    Declines on the CPU: there a weight dequantized once to the compute dtype (the
-    backend's fallback) multiplies ~6x faster than dequantizing per matmul, for 1 row and
-    for 128 (bench/quant_types.py), at twice the memory.
-    """
-    if getattr(backend, "name", "") != "torch" or backend.torch_device.type == "cpu":
-        return False
-    cache = backend.probe_cache
-    if "Q6_K" not in cache:
-        cache["Q6_K"] = kernel_matches_reference(backend, Q6_K, load_torch)
-    return cache["Q6_K"]
-
-
 @hookimpl
 def tessera_register_quant_types(register):
     register(Q6_K)
@@ -163,11 +149,5 @@ def tessera_register_quant_types(register):
 @hookimpl
 def tessera_register_weight_kernels(register):
     register(
-        WeightKernel(
-            backend="torch",
-            quant_type="Q6_K",
-            supports=supports_torch,
-            load=load_torch,
-            description="int8 codes + scales per 16, dequantized per matmul",
-        )
+        torch_grouped_kernel(Q6_K, load_torch, "int8 codes + scales per 16, dequantized per matmul")
     )
