@@ -55,6 +55,7 @@ class TorchBackend(Backend):
         self._kernels: dict[str, Any] = {}
         self._inv_freq: dict[tuple[int, float, float], torch.Tensor] = {}
         self._rope_tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._mask_inputs: tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
 
     # -- capability probe and setup --------------------------------------------------
@@ -205,7 +206,7 @@ class TorchBackend(Backend):
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
-        allowed = self._tensor(mask).to(self.torch_device)
+        allowed, dead = self._mask_tensors(mask)
         # (1, H, T, D) views; GQA without copying K/V. With a batch axis SDPA takes its
         # fused CPU kernel (3-D inputs fall back to the slow unfused path: 5-8x slower).
         out = F.scaled_dot_product_attention(
@@ -217,8 +218,16 @@ class TorchBackend(Backend):
             enable_gqa=n_head != n_head_kv,
         )[0]
         # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
-        out = out.masked_fill(~allowed.any(-1)[None, :, None], 0.0)
+        out = out.masked_fill(dead, 0.0)
         return out.transpose(0, 1).reshape(n_tokens, -1)
+
+    def _mask_tensors(self, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The dense mask and its all-masked rows as tensors, made once per ubatch: every
+        layer passes the same numpy mask (held here, so ``is`` cannot match a new one)."""
+        if self._mask_inputs is None or self._mask_inputs[0] is not mask:
+            allowed = self._tensor(mask).to(self.torch_device)
+            self._mask_inputs = (mask, (allowed, ~allowed.any(-1)[None, :, None]))
+        return self._mask_inputs[1]
 
     def _rows_tensors(self, kv_rows: Any) -> dict[str, Any]:
         """Index and mask tensors of one :class:`~tessera.kv_cache.KVRows`, made once per
