@@ -13,7 +13,7 @@ Every path taken is recorded with its reason in :attr:`Backend.placements`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -40,8 +40,10 @@ CORE_OPS = (
     "set_rows",
 )
 
-#: Ops a backend may lack; it declares them through :meth:`Backend.supports`.
-OPTIONAL_OPS = ("attention_rows",)
+#: Ops a backend may lack; it declares them through :meth:`Backend.supports`. The batched
+#: transfers (``set_n``, ``get_n``, ``copy_n``) have a per-tensor default here, which the
+#: core calls instead when the probe declines them.
+OPTIONAL_OPS = ("attention_rows", "set_n", "get_n", "copy_n")
 
 
 @attrs.frozen
@@ -221,3 +223,48 @@ class Backend(ABC):
     @abstractmethod
     def set_rows(self, dst: Any, rows: np.ndarray, src: Any) -> None:
         """In place: ``dst[rows] = src`` (writes new K/V into cache cells)."""
+
+    # -- batched transfers (optional; the defaults below are the per-tensor fallback) ---
+
+    def set_n(
+        self,
+        dsts: Sequence[Any],
+        rows_list: Sequence[np.ndarray | None] | None,
+        srcs: Sequence[np.ndarray],
+    ) -> None:
+        """In place, for every ``i``: ``dsts[i][rows_list[i]] = srcs[i]`` from host memory.
+
+        ``srcs`` are numpy arrays (floats as float32); a ``rows`` of None (or ``rows_list``
+        None) means all rows of the destination. A backend that moves the whole list in one
+        transfer answers True to ``supports("set_n")``; this default is the per-tensor path
+        (one :meth:`from_numpy` and one :meth:`set_rows` per tensor).
+        """
+        rows_list = rows_list if rows_list is not None else [None] * len(dsts)
+        for dst, rows, src in zip(dsts, rows_list, srcs, strict=True):
+            rows = np.arange(len(dst)) if rows is None else rows
+            self.set_rows(dst, rows, self.from_numpy(src))
+
+    def get_n(
+        self, tensors: Sequence[Any], rows_list: Sequence[np.ndarray | None] | None = None
+    ) -> list[np.ndarray]:
+        """The values of ``tensors[i][rows_list[i]]`` as numpy arrays (floats as float32).
+
+        A ``rows`` of None (or ``rows_list`` None) means the whole tensor. Backends that
+        read the list back in one transfer answer True to ``supports("get_n")``; this
+        default is the per-tensor path (one :meth:`to_numpy` per tensor).
+        """
+        rows_list = rows_list if rows_list is not None else [None] * len(tensors)
+        out = []
+        for t, rows in zip(tensors, rows_list, strict=True):
+            a = self.to_numpy(t)  # may share memory with t: copy, not a view, comes back
+            out.append(np.array(a) if rows is None else a[np.asarray(rows)])
+        return out
+
+    def copy_n(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
+        """In place, for every ``i``: ``dsts[i][...] = srcs[i]`` (backend arrays, same shapes).
+
+        Backends that copy the list in one call answer True to ``supports("copy_n")``;
+        this default is the per-tensor path (one :meth:`set_rows` over all rows each).
+        """
+        for dst, src in zip(dsts, srcs, strict=True):
+            self.set_rows(dst, np.arange(len(dst)), src)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -151,3 +152,28 @@ class Context:
         if not outputs:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)
         return np.concatenate(outputs, axis=0)
+
+    # -- state files -----------------------------------------------------------------
+
+    def save_state(
+        self,
+        path: str | os.PathLike[str],
+        seq_id: int = 0,
+        tokens: Sequence[int] = (),
+        sampler: Any = None,
+    ) -> None:
+        """Write sequence ``seq_id`` (its KV cells), ``tokens`` (its history) and the RNG
+        state of ``sampler`` to ``path`` (see :mod:`tessera.context_state`)."""
+        from tessera.context_state import save_state
+
+        rng = None if sampler is None else sampler.rng.bit_generator.state
+        save_state(self, path, seq_id, tokens, rng)
+
+    def load_state(
+        self, path: str | os.PathLike[str], seq_id: int = 0, sampler: Any = None
+    ) -> list[int]:
+        """Replace sequence ``seq_id`` with the one saved in ``path``; return its token
+        history and restore ``sampler``'s RNG. A refused file leaves the context unchanged."""
+        from tessera.context_state import load_state
+
+        return load_state(self, path, seq_id, sampler).tokens

@@ -7,14 +7,14 @@ the single-sequence path used by ``tessera run`` and the tests.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
 
 from tessera.batch import Batch
 from tessera.context import Context
-from tessera.errors import ContextOverflowError
+from tessera.errors import ContextOverflowError, TesseraError
 from tessera.sampling import Sampler
 
 
@@ -59,11 +59,17 @@ def generate(
     seq_id: int = 0,
     eog_ids: frozenset[int] = frozenset(),
     stats: GenerationStats | None = None,
+    n_past: int = 0,
+    on_prompt_done: Callable[[], None] | None = None,
 ) -> Iterator[int]:
     """Yield up to ``n_predict`` sampled tokens after ``prompt`` (stops at an EOG token).
 
-    ``n_predict < 0`` generates until the context is full or an EOG token is drawn.
+    ``n_predict < 0`` generates until the context is full or an EOG token is drawn. The
+    first ``n_past`` prompt tokens are already in the cache (a restored prompt cache) and
+    are not evaluated again; ``on_prompt_done`` is called once the prompt is evaluated.
     """
+    if not 0 <= n_past < max(len(prompt), 1):
+        raise TesseraError(f"n_past must be in [0, {len(prompt)}), got {n_past}")
     if not prompt:
         raise ContextOverflowError("the prompt is empty; give at least one token")
     if len(prompt) >= ctx.n_ctx:
@@ -72,10 +78,12 @@ def generate(
             "context size with -c or shorten the prompt"
         )
     stats = stats if stats is not None else GenerationStats()
-    ctx.kv.seq_rm(seq_id)
+    ctx.kv.seq_rm(seq_id, n_past)
     t0 = time.perf_counter()
-    logits = prefill(ctx, prompt, seq_id)
-    stats.n_prompt, stats.t_prompt = len(prompt), time.perf_counter() - t0
+    logits = prefill(ctx, prompt[n_past:], seq_id, n_past)
+    stats.n_prompt, stats.t_prompt = len(prompt) - n_past, time.perf_counter() - t0
+    if on_prompt_done is not None:
+        on_prompt_done()
     history = list(prompt)
     budget = ctx.n_ctx - len(prompt) if n_predict < 0 else min(n_predict, ctx.n_ctx - len(prompt))
     t0 = time.perf_counter()

@@ -7,6 +7,7 @@ backend (which keeps or repacks quantized data) and builds the forward graph.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
@@ -35,6 +36,9 @@ class Model:
     graph: Any
     tokenizer: Any | None
     metadata: Mapping[str, Any]
+    #: sha256 hex of the metadata and the tensors' names, shapes, types and first bytes
+    #: (see :func:`model_identity`): saved context states are tied to it.
+    identity: str = ""
 
     @property
     def n_vocab(self) -> int:
@@ -151,7 +155,34 @@ def load_model(
         (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
     )
     tokenizer = _tokenizer(path, metadata) if has_vocab else None
-    return Model(path, arch, config, backend, weights, graph, tokenizer, metadata)
+    identity = model_identity(metadata, raw)
+    return Model(path, arch, config, backend, weights, graph, tokenizer, metadata, identity)
+
+
+def model_identity(metadata: Mapping[str, Any], raw: Mapping[str, RawTensor]) -> str:
+    """A sha256 hex digest naming one model: its metadata, and per tensor its name, shape,
+    GGML type and first 64 stored values (so two random-weight models of one shape differ too)."""
+    h = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            h.update(f"{value.dtype}{value.shape}".encode() + value.tobytes())
+        elif isinstance(value, list | tuple):
+            h.update(b"[")
+            for v in value:
+                feed(v)
+            h.update(b"]")
+        else:
+            h.update(repr(value).encode() + b"\x00")
+
+    for key in sorted(metadata):
+        feed(key)
+        feed(metadata[key])
+    for name in sorted(raw):
+        t = raw[name]
+        feed((name, tuple(t.shape), t.ggml_type))
+        h.update(np.asarray(t.data).ravel()[:64].tobytes())
+    return h.hexdigest()
 
 
 def stored_tensor(raw: RawTensor, qtype: Any) -> RawTensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from tessera.cli_common import (
@@ -36,6 +37,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--display-prompt", action="store_true", help="print the prompt before the output"
     )
     parser.add_argument("--no-timings", action="store_true", help="do not print tokens/s to stderr")
+    parser.add_argument(
+        "--prompt-cache",
+        default=None,
+        metavar="FILE",
+        help="restore the evaluated prompt prefix from FILE and save the prompt's state to it",
+    )
+    parser.add_argument(
+        "--prompt-cache-ro", action="store_true", help="use --prompt-cache but never write it"
+    )
     add_model_arguments(parser)
     add_sampling_arguments(parser)
 
@@ -50,6 +60,27 @@ def _prompt_text(args: argparse.Namespace) -> str:
     if args.prompt is None:
         raise TesseraError("no prompt given; pass -p TEXT or -f FILE")
     return args.prompt
+
+
+def _restore_prompt_cache(path: str | None, ctx: Any, prompt: list[int]) -> int:
+    """Load ``path`` into sequence 0 if it exists; return how many prompt tokens it covers.
+
+    The longest common prefix of the saved tokens and ``prompt`` is kept, at most all but
+    the last prompt token (its logits are needed to sample).
+    """
+    if not path or not Path(path).exists():
+        return 0
+    saved = ctx.load_state(path, 0)
+    n_past = 0
+    for a, b in zip(saved, prompt[:-1], strict=False):
+        if a != b:
+            break
+        n_past += 1
+    print(
+        f"prompt cache: reusing {n_past} of {len(prompt)} prompt tokens from '{path}'",
+        file=sys.stderr,
+    )
+    return n_past
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
@@ -77,9 +108,26 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     prompt = tok.encode(text, add_special=True, parse_special=parse_special)
     if args.display_prompt:
         sys.stdout.write(text)
+    n_past = _restore_prompt_cache(args.prompt_cache, ctx, prompt)
+    on_prompt_done = None
+    if args.prompt_cache and not args.prompt_cache_ro:
+
+        def on_prompt_done() -> None:  # llama.cpp saves right after prompt processing
+            ctx.save_state(args.prompt_cache, 0, prompt)
+
     stats = GenerationStats()
     decoder = StreamDecoder(tok)
-    for token in generate(ctx, prompt, args.n_predict, sampler, eog_ids=tok.eog_ids, stats=stats):
+    tokens = generate(
+        ctx,
+        prompt,
+        args.n_predict,
+        sampler,
+        eog_ids=tok.eog_ids,
+        stats=stats,
+        n_past=n_past,
+        on_prompt_done=on_prompt_done,
+    )
+    for token in tokens:
         sys.stdout.write(decoder.feed(token))
         sys.stdout.flush()
     sys.stdout.write(decoder.flush() + "\n")

@@ -340,6 +340,72 @@ def set_rows_case() -> Case:
     )
 
 
+#: Rows per tensor of the batched-transfer cases: a run, scattered cells, all rows.
+_TRANSFER_ROWS = (np.arange(3, 9), np.array([7, 1, 12, 4]), None)
+_TRANSFER_SHAPES = ((16, 2, 8), (16, 1, 4), (16, 3, 2))
+
+
+def _flat(b: Any, arrays: list[Any]) -> Any:
+    """The arrays (backend or numpy) flattened into one backend array, for comparison."""
+    host = [a if isinstance(a, np.ndarray) else b.to_numpy(a) for a in arrays]
+    return b.from_numpy(np.concatenate([a.ravel() for a in host]))
+
+
+def transfer_cases() -> list[Case]:
+    """``set_n`` / ``get_n`` / ``copy_n`` over three tensors of different shapes."""
+    n = len(_TRANSFER_SHAPES)
+    total = sum(int(np.prod(s)) for s in _TRANSFER_SHAPES)
+    picked = sum(
+        int(np.prod(s[1:])) * (s[0] if r is None else len(r))
+        for s, r in zip(_TRANSFER_SHAPES, _TRANSFER_ROWS, strict=True)
+    )
+    dsts = {f"dst{i}": np.zeros(s, np.float32) for i, s in enumerate(_TRANSFER_SHAPES)}
+
+    def set_n(b: Any, a: dict[str, Any]) -> Any:
+        b.set_n([a[f"dst{i}"] for i in range(n)], list(_TRANSFER_ROWS), a["srcs"])
+        return _flat(b, [a[f"dst{i}"] for i in range(n)])
+
+    def copy_n(b: Any, a: dict[str, Any]) -> Any:
+        b.copy_n([a[f"dst{i}"] for i in range(n)], [a[f"src{i}"] for i in range(n)])
+        return _flat(b, [a[f"dst{i}"] for i in range(n)])
+
+    return [
+        Case(
+            "set_n-N3",
+            "set_n",
+            {"n_tensors": n},
+            lambda rng: {
+                **dsts,
+                "srcs": [  # host arrays: a list, so the kit does not load them
+                    _normal(rng, s[0] if r is None else len(r), *s[1:])
+                    for s, r in zip(_TRANSFER_SHAPES, _TRANSFER_ROWS, strict=True)
+                ],
+            },
+            set_n,
+            (total,),
+        ),
+        Case(
+            "get_n-N3",
+            "get_n",
+            {"n_tensors": n},
+            lambda rng: {f"t{i}": _normal(rng, *s) for i, s in enumerate(_TRANSFER_SHAPES)},
+            lambda b, a: _flat(b, b.get_n([a[f"t{i}"] for i in range(n)], list(_TRANSFER_ROWS))),
+            (picked,),
+        ),
+        Case(
+            "copy_n-N3",
+            "copy_n",
+            {"n_tensors": n},
+            lambda rng: {
+                **dsts,
+                **{f"src{i}": _normal(rng, *s) for i, s in enumerate(_TRANSFER_SHAPES)},
+            },
+            copy_n,
+            (total,),
+        ),
+    ]
+
+
 def all_cases(qtypes: list[Any]) -> list[Case]:
     return [
         *matmul_cases(qtypes),
@@ -349,4 +415,5 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *attention_cases(),
         *attention_rows_cases(),
         set_rows_case(),
+        *transfer_cases(),
     ]
