@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 
 import pytest
 
 from tessera.commands import Command
 from tessera.runtime import Runtime
+from tessera.testing.commands import registered_command
 from tessera.testing.models import make_gguf
 
 RUNTIME = Runtime()
@@ -21,12 +21,7 @@ def tiny_gguf(tmp_path_factory):
 
 
 def _command() -> Command:
-    module = importlib.import_module("tessera.plugins.cmd_batched_bench")
-    assert module.TESSERA_PLUGIN_API == 1
-    commands: list[Command] = []
-    module.tessera_register_commands(commands.append)
-    assert [c.name for c in commands] == ["batched-bench"]
-    return commands[0]
+    return registered_command("tessera.plugins.cmd_batched_bench", "batched-bench")
 
 
 def _run(capsys, model, *argv: str) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 
 import pytest
 
 from tessera.commands import Command
 from tessera.errors import TesseraError
+from tessera.testing.commands import registered_command
 
 VOCAB_DIR = Path(__file__).parent.parent / "data" / "vocab"
 LLAMA_SPM = VOCAB_DIR / "ggml-vocab-llama-spm.gguf"
@@ -17,12 +17,7 @@ PHI3 = VOCAB_DIR / "ggml-vocab-phi-3.gguf"
 
 
 def _command() -> Command:
-    module = importlib.import_module("tessera.plugins.cmd_tokenize")
-    assert module.TESSERA_PLUGIN_API == 1
-    commands: list[Command] = []
-    module.tessera_register_commands(commands.append)
-    assert [c.name for c in commands] == ["tokenize"]
-    return commands[0]
+    return registered_command("tessera.plugins.cmd_tokenize", "tokenize")
 
 
 def _run(capsys, *argv: str) -> str:
