@@ -107,6 +107,8 @@ class Architecture(ABC):
         a small default. An architecture that cannot make test models
         leaves this unimplemented.
         """
+        # Optional part of the contract: only the test-model maker needs it, so a plugin
+        # that never makes test models is still a complete architecture.
         raise NotImplementedError(
             f"architecture plugin {type(self).__name__} does not implement example_config(), "
             "so tessera.testing cannot make test models for it; add the method to the plugin"

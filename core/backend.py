@@ -218,6 +218,8 @@ class Backend(ABC):
         no allowed row yields zeros. Backends that implement it answer True to
         ``supports("attention_rows", ...)``; the default declines.
         """
+        # An optional op: the default probe declines it, so the core never calls this unless
+        # a subclass both implements it and says so in supports().
         raise NotImplementedError(f"backend {self.name} does not implement attention_rows")
 
     @abstractmethod

@@ -67,6 +67,7 @@ def test_unknown_device_or_dtype_is_a_clear_error(device, dtype):
         RUNTIME.create_backend("torch", device=device, dtype=dtype)
 
 
+# The refusal can only happen where there is no GPU; with one, cuda is a valid device.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine with no GPU")
 def test_cuda_without_a_gpu_is_refused():
     with pytest.raises(UnknownBackendError, match="no CUDA GPU"):
