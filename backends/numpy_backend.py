@@ -25,7 +25,7 @@ class NumpyBackend(Backend):
     def supports(self, op: str, **attrs: Any) -> bool:
         # attention_rows is implemented as a reference but declined: numpy contexts always
         # run the dense-mask fallback, so that path stays exercised by every numpy test.
-        return op in CORE_OPS
+        return op in CORE_OPS or op in ("rope_ext", "tanh", "gelu_erf", "moe_ffn")
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
         a = np.asarray(a)
@@ -71,8 +71,13 @@ class NumpyBackend(Backend):
         return y
 
     def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
+        return self.rope_ext(x, positions, n_rot, freq_base, neox, freq_scale, None)
+
+    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
         half = n_rot // 2
         inv_freq = freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+        if freq_factors is not None:
+            inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
         angle = np.asarray(positions, dtype=np.float64)[:, None] * freq_scale * inv_freq
         cos = np.cos(angle).astype(np.float32)[:, None, :]  # (T, 1, half)
         sin = np.sin(angle).astype(np.float32)[:, None, :]
@@ -96,6 +101,13 @@ class NumpyBackend(Backend):
 
     def swiglu(self, gate, up):
         return self.silu(gate) * up
+
+    def tanh(self, x):
+        return np.tanh(x)
+
+    def gelu_erf(self, x):
+        erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; exact in f64
+        return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32)
 
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
         n_tokens, n_head, _ = q.shape
@@ -138,6 +150,17 @@ class NumpyBackend(Backend):
         out = np.einsum("shtr,srhd->sthd", weights, v)  # (S, Tq, Hq, Dv)
         out = out.reshape(-1, n_head * v.shape[-1])[kv_rows.q_index]
         return out.reshape(n_tokens, -1).astype(np.float32)
+
+    def moe_ffn(self, x, expert_ids, expert_weights, experts):
+        """The reference routed experts: each selected expert runs on its own rows only."""
+        out = np.zeros_like(x, dtype=np.float32)
+        used = np.unique(expert_ids)
+        for e, (gate, up, down) in zip(used, experts.get(used.tolist()), strict=True):
+            rows, slot = np.nonzero(expert_ids == e)  # a row picks an expert at most once
+            h = x[rows]
+            y = self.swiglu(h @ gate.T, h @ up.T) @ down.T
+            out[rows] += y * expert_weights[rows, slot][:, None]
+        return out
 
     def set_rows(self, dst, rows, src):
         dst[np.asarray(rows)] = src

@@ -64,7 +64,7 @@ class TorchBackend(Backend):
     def supports(self, op: str, **attrs: Any) -> bool:
         if op not in CORE_OPS + OPTIONAL_OPS:
             return False
-        if op == "rope":
+        if op in ("rope", "rope_ext"):
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
         if op in ("attention", "attention_rows"):
@@ -157,7 +157,12 @@ class TorchBackend(Backend):
         return F.layer_norm(xf, (x.shape[-1],), w, b, eps).to(x.dtype)
 
     def _rope_table(
-        self, positions: np.ndarray, n_rot: int, freq_base: float, freq_scale: float
+        self,
+        positions: np.ndarray,
+        n_rot: int,
+        freq_base: float,
+        freq_scale: float,
+        freq_factors: np.ndarray | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``(T, 1, n_rot/2)`` in the compute dtype, cached for the last positions.
 
@@ -165,13 +170,18 @@ class TorchBackend(Backend):
         once per ubatch; angles are computed in float64 (positions reach 1e5 and more).
         """
         pos = np.ascontiguousarray(positions, dtype=np.int64)
-        key = (pos.tobytes(), n_rot, freq_base, freq_scale)
+        factors = None if freq_factors is None else np.asarray(freq_factors, np.float64)
+        factors_key = None if factors is None else factors.tobytes()
+        key = (pos.tobytes(), n_rot, freq_base, freq_scale, factors_key)
         table = self._rope_tables.get(key)
         if table is None:
-            freq_key = (n_rot, freq_base, freq_scale)
+            freq_key = (n_rot, freq_base, freq_scale, factors_key)
             if freq_key not in self._inv_freq:
                 exponent = torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot
-                self._inv_freq[freq_key] = freq_scale * freq_base**-exponent
+                inv_freq = freq_scale * freq_base**-exponent
+                if factors is not None:
+                    inv_freq = inv_freq / torch.from_numpy(factors)
+                self._inv_freq[freq_key] = inv_freq
             angle = torch.from_numpy(pos).double()[:, None] * self._inv_freq[freq_key]
             table = tuple(
                 t.to(device=self.torch_device, dtype=self.torch_dtype)[:, None, :]
@@ -183,7 +193,10 @@ class TorchBackend(Backend):
         return table
 
     def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
-        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale)
+        return self.rope_ext(x, positions, n_rot, freq_base, neox, freq_scale, None)
+
+    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
+        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors)
         half = n_rot // 2
         rot, rest = x[..., :n_rot], x[..., n_rot:]
         if neox:
@@ -203,6 +216,12 @@ class TorchBackend(Backend):
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
+
+    def tanh(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+    def gelu_erf(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x)
 
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
         n_tokens, n_head, _ = q.shape
@@ -283,6 +302,11 @@ class TorchBackend(Backend):
         out = out.masked_fill(t["dead"], 0.0)  # a query with no allowed row gives zeros
         out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
         return out.index_select(0, t["out"]).reshape(n_tokens, -1)
+
+    def moe_ffn(self, x, expert_ids, expert_weights, experts):
+        from tessera.backends.torch_moe import moe_ffn
+
+        return moe_ffn(self, x, expert_ids, expert_weights, experts)
 
     def set_rows(self, dst: torch.Tensor, rows: np.ndarray, src: torch.Tensor) -> None:
         with _writable(dst):

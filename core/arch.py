@@ -39,13 +39,27 @@ class ForwardInput:
     positions: np.ndarray
     output_rows: np.ndarray
     kv: Any
+    #: Embedding mode (``Context.encode``): return the final hidden states (after the
+    #: output norm) of ``output_rows``, shape ``(len(output_rows), n_embd)``; the LM head
+    #: is never computed. Anything that only helps generation (prefill pruning) is off.
+    embeddings: bool = False
+    #: int32 ``(T,)`` sequence of each row; encoders (no KV cache) mask attention with it.
+    seq_ids: np.ndarray | None = None
+    #: int32 ``(T,)`` BERT segment (token type) of each row; None means all 0.
+    token_types: np.ndarray | None = None
+    #: The context allows prefill pruning (see :func:`tessera.context.choose_prune`): one
+    #: sequence, no embeddings, no intermediate-layer outputs, unified KV, not switched
+    #: off. An architecture with KV-shared layers may then run those layers on the
+    #: ``output_rows`` alone; with False it must compute every row through every layer.
+    prune_ok: bool = False
 
 
 class ModelGraph(Protocol):
     """A built model: turns a ubatch into logits for its output rows."""
 
     def forward(self, inp: ForwardInput) -> Any:
-        """Return backend logits of shape ``(len(inp.output_rows), n_vocab)``."""
+        """Return backend logits of shape ``(len(inp.output_rows), n_vocab)``, or with
+        ``inp.embeddings`` the hidden states ``(len(inp.output_rows), n_embd)``."""
 
 
 class Architecture(ABC):
@@ -129,3 +143,39 @@ class Architecture(ABC):
     def n_vocab(self, config: Any) -> int:
         """Vocabulary size (rows of the output head)."""
         return int(config.n_vocab)
+
+    def expert_layout(self, config: Any) -> Any:
+        """A mixture-of-experts model's :class:`tessera.experts.ExpertLayout`, else None.
+
+        When it is not None, the loader does not load the stacked expert tensors it names;
+        it calls ``build(config, weights, backend, experts=...)`` with a
+        :class:`tessera.experts.ModelExperts` instead, whose ``layer(il)`` gives the
+        :class:`tessera.experts.ExpertWeights` for the backend's ``moe_ffn`` op (placed
+        per ``--cpu-moe`` / ``-ncmoe``, served by the expert cache). The default: None.
+        """
+        return None
+
+    def causal_attention(self, config: Any) -> bool:
+        """False for encoders (BERT): each token attends to its whole sequence, no KV cache
+        is kept and the model only embeds (``Context.encode``). The default is a decoder."""
+        return True
+
+    def pooling_type(self, config: Any) -> str:
+        """The pooling the model was trained with (GGUF ``{arch}.pooling_type``): one of
+        ``none``, ``mean``, ``cls``, ``last``, ``rank``. The default is ``none``."""
+        return "none"
+
+    def example_tensors(self, config: Any) -> dict[str, np.ndarray]:
+        """Tensors of a test model whose values are not free random weights (RoPE factors,
+        scalars that must stay near 1), by GGUF name; ``make_gguf`` writes them instead of
+        random values. The default has none."""
+        return {}
+
+    def tensor_parallel(
+        self, config: Any, rank: int, world_size: int, *, split_lm_head: bool = True
+    ) -> Any:
+        """Rank ``rank`` of ``world_size``'s part of the model, as a
+        :class:`tessera.tensor_parallel.TensorParallelPlan`, or None when the architecture
+        cannot be split (the default). Raise :class:`tessera.errors.TesseraError` when this
+        config cannot be split ``world_size`` ways (heads that do not divide)."""
+        return None

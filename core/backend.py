@@ -43,7 +43,16 @@ CORE_OPS = (
 #: Ops a backend may lack; it declares them through :meth:`Backend.supports`. The batched
 #: transfers (``set_n``, ``get_n``, ``copy_n``) have a per-tensor default here, which the
 #: core calls instead when the probe declines them.
-OPTIONAL_OPS = ("attention_rows", "set_n", "get_n", "copy_n")
+OPTIONAL_OPS = (
+    "attention_rows",
+    "set_n",
+    "get_n",
+    "copy_n",
+    "rope_ext",
+    "tanh",
+    "gelu_erf",
+    "moe_ffn",
+)
 
 
 @attrs.frozen
@@ -221,6 +230,59 @@ class Backend(ABC):
         # An optional op: the default probe declines it, so the core never calls this unless
         # a subclass both implements it and says so in supports().
         raise NotImplementedError(f"backend {self.name} does not implement attention_rows")
+
+    def rope_ext(
+        self,
+        x: Any,
+        positions: np.ndarray,
+        n_rot: int,
+        freq_base: float,
+        neox: bool,
+        freq_scale: float,
+        freq_factors: np.ndarray,
+    ) -> Any:
+        """Optional: :meth:`rope` with a divisor per rotated pair (GGML's ``ggml_rope_ext``).
+
+        Pair ``i`` turns by ``pos * freq_scale * freq_base ** (-2i / n_rot) / freq_factors[i]``;
+        ``freq_factors`` is float32 ``(n_rot / 2,)``. A huge factor leaves a pair unrotated,
+        which is how GGUF files store Gemma 4's proportional (partial) RoPE in
+        ``rope_freqs.weight``. Backends that implement it answer True to
+        ``supports("rope_ext", ...)``; the default declines.
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not implement rope_ext")
+
+    def tanh(self, x: Any) -> Any:
+        """Optional: elementwise ``tanh(x)`` (logit soft-capping: ``c * tanh(x / c)``).
+
+        Backends that implement it answer True to ``supports("tanh")``; the default declines.
+        """
+        raise NotImplementedError(f"backend {self.name} does not implement tanh")
+
+    def gelu_erf(self, x: Any) -> Any:
+        """Optional: exact GELU, ``x * (1 + erf(x / sqrt(2))) / 2`` (BERT's ``gelu``).
+
+        Backends that implement it answer True to ``supports("gelu_erf")``; the default
+        declines, and architectures fall back to :meth:`gelu` (llama.cpp's tanh form).
+        """
+        raise NotImplementedError(f"backend {self.name} does not implement gelu_erf")
+
+    def moe_ffn(
+        self, x: Any, expert_ids: np.ndarray, expert_weights: np.ndarray, experts: Any
+    ) -> Any:
+        """Optional: routed SwiGLU experts, computing only the experts the rows selected.
+
+        ``x`` is ``(T, n_embd)``; ``expert_ids`` int ``(T, k)`` and ``expert_weights``
+        float32 ``(T, k)`` (numpy) say which experts each row chose and how much each
+        counts; ``experts`` is a :class:`tessera.experts.ExpertWeights`: call
+        ``experts.get(ids)`` once with the distinct selected ids to get their loaded
+        ``(gate, up, down)`` weights (it may fetch them from a slow tier or a cache).
+        Returns ``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` with
+        ``e = expert_ids[t, j]``, shape ``(T, n_embd)``. Backends that implement it answer
+        True to ``supports("moe_ffn", ...)``; the default declines and the architecture
+        uses :func:`tessera.experts.moe_ffn_fallback` (core ops only).
+        """
+        raise NotImplementedError(f"backend {self.name} does not implement moe_ffn")
 
     @abstractmethod
     def set_rows(self, dst: Any, rows: np.ndarray, src: Any) -> None:

@@ -82,9 +82,9 @@ def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
     return model
 
 
-def context_from_args(args: argparse.Namespace, model: Model) -> Context:
+def context_params_from_args(args: argparse.Namespace, model: Model) -> ContextParams:
     n_ctx = args.ctx_size if args.ctx_size > 0 else min(model.n_ctx_train, 4096)
-    params = ContextParams(
+    return ContextParams(
         n_ctx=n_ctx,
         n_batch=args.batch_size,
         n_ubatch=args.ubatch_size,
@@ -92,4 +92,7 @@ def context_from_args(args: argparse.Namespace, model: Model) -> Context:
         flash_attn=args.flash_attn,
         kv_unified=getattr(args, "kv_unified", True),
     )
-    return Context(model, params)
+
+
+def context_from_args(args: argparse.Namespace, model: Model) -> Context:
+    return Context(model, context_params_from_args(args, model))

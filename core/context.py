@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ def _flash_attn(instance: Any, attribute: Any, value: str) -> None:
 FLASH_ATTN_MODES = ("on", "off", "auto")
 #: Set (to anything but "" or "0") to force the dense-mask path, for comparison.
 KV_ROWS_DISABLE_ENV = "TESSERA_KV_ROWS_DISABLE"
+#: Set (to anything but "" or "0") to turn prefill pruning off, for comparison.
+PRUNE_DISABLE_ENV = "TESSERA_PRUNE_DISABLE"
 
 
 @attrs.frozen
@@ -45,6 +48,8 @@ class ContextParams:
     flash_attn: str = attrs.field(default="auto", validator=_flash_attn)
     #: One cell pool for all sequences (tessera's default); False splits it per sequence.
     kv_unified: bool = True
+    #: Prefill pruning in architectures with KV-shared layers (``--no-prune`` sets False).
+    prune: bool = True
 
 
 def choose_kv_path(
@@ -72,6 +77,21 @@ def choose_kv_path(
     )
 
 
+def choose_prune(params: ContextParams) -> tuple[bool, str]:
+    """``(allowed, why)`` for prefill pruning (rows that need no output skip the KV-shared
+    layers): one sequence (n_seq_max 1), a unified KV cache, not ``--no-prune`` and no
+    ``TESSERA_PRUNE_DISABLE``. Per ubatch, embeddings and intermediate outputs turn it off."""
+    if os.environ.get(PRUNE_DISABLE_ENV, "") not in ("", "0"):
+        return False, f"{PRUNE_DISABLE_ENV} set"
+    if not params.prune:
+        return False, "--no-prune"
+    if params.n_seq_max != 1:
+        return False, f"n_seq_max {params.n_seq_max} > 1"
+    if not params.kv_unified:
+        return False, "KV cache split per sequence (not unified)"
+    return True, "one sequence, unified KV"
+
+
 class Context:
     """Evaluates batches of tokens against a model, keeping their K/V in a unified cache."""
 
@@ -95,6 +115,17 @@ class Context:
             model.backend.dtype,
         )
         log.info("kv path: %s (%s)", self.kv_path, self.kv_path_reason)
+        #: Host output buffers made so far, by kind ("logits" by decode, "embd" by encode):
+        #: tests check that embedding mode never makes a logits buffer.
+        self.output_buffers: Counter[str] = Counter()
+        #: Whether ubatches may be pruned (see :func:`choose_prune`) and why.
+        self.prune_ok, self.prune_reason = choose_prune(p)
+        #: Set True while a caller reads intermediate-layer outputs: every row then runs
+        #: through every layer (no pruning).
+        self.layer_outputs_wanted = False
+        prune_state = "allowed" if self.prune_ok else "off"
+        model.backend.record("prefill pruning", prune_state, self.prune_reason)
+        log.info("prefill pruning: %s (%s)", prune_state, self.prune_reason)
 
     @property
     def n_ctx(self) -> int:
@@ -141,10 +172,12 @@ class Context:
                     positions=ub.positions,
                     output_rows=np.flatnonzero(ub.output),
                     kv=self.kv.view(cells, ub.positions, ub.seq_ids, self.kv_path),
+                    prune_ok=self.prune_ok and not self.layer_outputs_wanted,
                 )
                 logits = self.model.graph.forward(inp)
                 if len(inp.output_rows):
                     outputs.append(backend.to_numpy(logits))
+                    self.output_buffers["logits"] += 1
         except BaseException:
             for cells in written:
                 self.kv.release(cells)
@@ -152,6 +185,22 @@ class Context:
         if not outputs:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)
         return np.concatenate(outputs, axis=0)
+
+    def encode(
+        self, batch: Batch, pooling: str = "mean", token_types: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Evaluate ``batch`` in embedding mode and pool per sequence; the LM head never runs.
+
+        Returns float32 ``(n_seq, n_embd)``, one row per sequence id present in the batch in
+        ascending order (``mean``, ``cls``, ``last``), ``(n_seq, n_cls_out)`` classifier
+        scores for ``rank``, or ``(batch.n_outputs, n_embd)`` for ``none``. ``token_types``
+        (int32 ``(T,)``) gives BERT segments. The batch leaves nothing in the KV cache; see
+        :mod:`tessera.pooling`.
+        """
+        from tessera.pooling import encode_batch
+
+        self._validate(batch)
+        return encode_batch(self, batch, pooling, token_types)
 
     # -- state files -----------------------------------------------------------------
 

@@ -26,7 +26,46 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
         raise ModelFileError(f"'{config_file}' is not valid JSON ({exc})") from exc
     if "model_type" not in hf_config:
         raise ModelFileError(f"'{config_file}' has no model_type; it is not a model config")
+    pooling = sentence_transformers_pooling(hf_dir)
+    if pooling is not None:
+        # for config_from_hf, which sees config.json only (as llama.cpp's converter reads it)
+        hf_config["_st_pooling"] = pooling
     return hf_config
+
+
+#: sentence-transformers Pooling config flags -> llama.cpp pooling type names.
+_ST_POOLING_MODES = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_lasttoken": "last",
+}
+
+
+def sentence_transformers_pooling(hf_dir: Path) -> str | None:
+    """The pooling of a sentence-transformers folder (``modules.json`` -> its Pooling
+    module's ``config.json``): ``mean``, ``cls`` or ``last``; None if it has none."""
+    modules_file = hf_dir / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text())
+        module = next(
+            (m for m in modules if m.get("type") == "sentence_transformers.models.Pooling"), None
+        )
+        if module is None:
+            return None
+        pooling = json.loads((hf_dir / module["path"] / "config.json").read_text())
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        raise ModelFileError(
+            f"'{modules_file}' or its Pooling config is unreadable ({exc}); fix or remove it"
+        ) from exc
+    for flag, name in _ST_POOLING_MODES.items():
+        if pooling.get(flag):
+            return name
+    raise ModelFileError(
+        f"the sentence-transformers pooling in '{hf_dir / module['path']}' is none of mean, "
+        "cls or last tokens, which tessera (like llama.cpp) does not support"
+    )
 
 
 def read_safetensors_dir(hf_dir: Path) -> dict[str, np.ndarray]:

@@ -25,6 +25,12 @@ Every registered object is plain data or an instance of a documented base class:
 - :class:`tessera.quant.QuantType`
 - :class:`tessera.quant.WeightKernel`
 - :class:`tessera.commands.Command`
+- :class:`tessera.routes.ServerRoute`
+- :class:`tessera.experts.ExpertCacheInfo` creating an expert cache
+- :class:`tessera.communicator.CommunicatorInfo` creating a
+  :class:`tessera.communicator.Communicator`
+- :class:`tessera.spec_decoder.SpecDecoderInfo` creating a
+  :class:`tessera.spec_decoder.SpecDecoder`
 
 A later registration under a name already taken is reported as a conflict and ignored, so
 the first plugin to claim a name keeps it (built-ins load in entry-point order).
@@ -42,6 +48,10 @@ if TYPE_CHECKING:
     from tessera.backend import BackendInfo
     from tessera.commands import Command
     from tessera.quant import QuantType, WeightKernel
+    from tessera.routes import ServerRoute
+    from tessera.experts import ExpertCacheInfo
+    from tessera.communicator import CommunicatorInfo
+    from tessera.spec_decoder import SpecDecoderInfo
 
 PROJECT_NAME = "tessera"
 
@@ -105,4 +115,104 @@ def tessera_register_commands(register: Callable[[Command], None]) -> None:
     ``register(Command(name=..., help=..., add_arguments=..., run=...))``.
     ``add_arguments(parser)`` adds the command's flags to an ``argparse`` sub-parser;
     ``run(args, runtime)`` does the work and returns the process exit code.
+    """
+
+
+@hookspec
+def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
+    """Register HTTP routes of ``tessera serve`` (the OpenAI API itself is such a plugin).
+
+    Called once, when the server builds its app. Call
+    ``register(ServerRoute(path=..., endpoint=..., methods=(...)))`` with a
+    :class:`tessera.routes.ServerRoute`. ``endpoint(request)`` is an async Starlette
+    handler; ``request.app.state.tessera`` is the :class:`tessera.routes.ServerState`
+    (model, tokenizer, slot engine, settings). Routes need the API key (when one is set)
+    unless ``public=True``. Raise :class:`tessera.routes.ApiError` to answer with an
+    OpenAI-shaped error JSON and its HTTP status.
+    """
+
+
+@hookspec
+def tessera_register_expert_caches(register: Callable[[ExpertCacheInfo], None]) -> None:
+    """Register expert caches: fast tiers for the experts of offloaded MoE layers.
+
+    Called once, when the first mixture-of-experts model is loaded with offloaded experts
+    (``--cpu-moe`` / ``-ncmoe N``) and a cache budget (``--moe-cache-mib N`` > 0). Call
+    ``register(ExpertCacheInfo(name=..., create=..., description=...))``; the loader uses
+    the first registered cache. ``create(budget_bytes)`` returns a cache object with:
+
+    - ``wrap(slow) -> ExpertWeights``: serve one layer's experts; ``slow`` is a
+      :class:`tessera.experts.SlowExperts` (``slow.load(e)`` converts expert ``e`` from
+      the file to the backend's form, ``slow.key`` names the layer and that form);
+      ``get(ids)`` of the returned object must give exactly what ``slow.load`` gives;
+    - ``stats() -> dict``: at least ``hits``, ``misses``, ``evictions``, ``bytes_moved``
+      (backend-form bytes brought in by misses), ``bytes_used`` and ``budget_bytes``;
+    - ``clear()``: drop every cached expert (counters stay).
+
+    The cache must never hold more than ``budget_bytes``; an expert larger than the whole
+    budget is used and dropped. With ``--moe-cache-shared`` one cache object serves every
+    model and backend the runtime loads, so keys must include ``slow.key``.
+    """
+
+
+@hookspec
+def tessera_register_communicators(register: Callable[[CommunicatorInfo], None]) -> None:
+    """Register communicators: collectives between the ranks of a tensor-parallel group.
+
+    Called once, when a tensor-parallel run (``tessera run --tp N`` or ``--tp-rank``)
+    forms its group, and by ``tessera plugins``. Call
+    ``register(CommunicatorInfo(name=..., create=..., probe=..., description=...,
+    collective=..., max_ranks=...))`` with a :class:`tessera.communicator.CommunicatorInfo`:
+
+    - ``probe(device) -> CommunicatorProbe``: whether this rank can use the communicator
+      with its backend on ``device`` (``"cpu"``, ``"cuda:0"``) and which transports it
+      offers (``features``, e.g. ``("gloo", "nccl")``). Cheap, no network; it runs on every
+      rank and rank 0 collects the answers before anything connects.
+    - ``create(spec) -> Communicator``: join the group described by a
+      :class:`tessera.communicator.GroupSpec` (rank, world size, rank 0's host and the
+      port rank 0 chose for this communicator, timeout, device, the features every rank
+      offered). Block until all ranks are connected; raise
+      :class:`tessera.communicator.CommunicatorError` if that does not happen within
+      ``spec.timeout_s``. The returned :class:`tessera.communicator.Communicator`
+      implements ``all_reduce``, ``all_gather``, ``broadcast`` and ``barrier`` on numpy
+      arrays and torch tensors, each bounded by the timeout (a dead or hung peer must
+      raise ``CommunicatorError``, never block forever), and ``close``.
+    - ``collective=True`` marks a library of real collectives; such communicators are
+      preferred. ``max_ranks`` caps the group size (``None``: any).
+
+    Selection (:func:`tessera.communicator.choose_communicator`): the one named by
+    ``--communicator`` / ``TESSERA_COMMUNICATOR``; else the first collective one every rank
+    can use; else a point-to-point one whose ``max_ranks`` covers the group; else the
+    group is refused with an error naming what each rank lacks.
+    """
+
+
+@hookspec
+def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) -> None:
+    """Register speculative decoders: drafters that propose tokens for the target to check.
+
+    Called once, when a generation asks for one (``tessera run --spec-type NAME``) or
+    ``tessera plugins`` lists them. Call
+    ``register(SpecDecoderInfo(name=..., create=..., description=...))`` with a
+    :class:`tessera.spec_decoder.SpecDecoderInfo`; ``name`` is the ``--spec-type`` value.
+
+    ``create(target_ctx, params, runtime)`` receives the target's
+    :class:`tessera.context.Context`, the :class:`tessera.spec_decoder.SpecParams`
+    (``--draft-max``, ``--draft-min``, ``--draft-p-min``, ``-md``,
+    ``--spec-draft-n-ubatch``) and the :class:`tessera.runtime.Runtime` (to load a draft
+    model), and returns a :class:`tessera.spec_decoder.SpecDecoder`. When the drafter
+    cannot serve this target (no MTP layers, a draft model with another vocabulary, no
+    ``-md``), raise :class:`tessera.errors.TesseraError` with a sentence naming what is
+    missing and the way out.
+
+    The core's loop (:func:`tessera.speculative.generate_speculative`) calls
+    ``decoder.begin(prompt, seq_id)`` once the prompt is in the target's cache, then
+    before each target batch ``decoder.draft(history, n_max) ->``
+    :class:`tessera.spec_decoder.Draft` (at most ``n_max`` tokens; with their proposal
+    distributions if they were sampled), and after it ``decoder.accepted(history,
+    n_drafted, n_accepted)``. The loop verifies the draft, keeps the accepted prefix plus
+    one token of the target's and removes rejected cells from the target's KV cache; a
+    drafter with a cache of its own removes its rejected cells itself (``KVCache.seq_rm``).
+    Whatever the drafter proposes, the output equals the target's alone (greedy) or is
+    distributed like it (sampling); a drafter only changes the speed.
     """

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from tessera.errors import ModelFileError, UnknownBackendError
+from tessera.experts import MoEOptions, build_experts
 from tessera.gguf_file import RawTensor, read_gguf
 from tessera.hf_folder import read_hf_config, read_safetensors_dir
 
@@ -39,6 +40,9 @@ class Model:
     #: sha256 hex of the metadata and the tensors' names, shapes, types and first bytes
     #: (see :func:`model_identity`): saved context states are tied to it.
     identity: str = ""
+    #: A mixture-of-experts model's :class:`tessera.experts.ModelExperts` (placement,
+    #: cache counters); None for dense models.
+    experts: Any = None
 
     @property
     def n_vocab(self) -> int:
@@ -112,13 +116,18 @@ def load_model(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    moe: MoEOptions | None = None,
 ) -> Model:
     """Load a GGUF file or HF folder; raise a TesseraError on bad input.
 
     ``backend`` is a Backend instance, a backend name, or None for the best installed
-    backend that supports every op of the model (see :func:`select_backend`).
+    backend that supports every op of the model (see :func:`select_backend`). ``moe``
+    places a mixture-of-experts model's experts (offload, expert cache; see
+    :mod:`tessera.experts`); other models ignore it.
     """
-    path = Path(path)
+    from tessera.model_names import resolve_model_path
+
+    path = resolve_model_path(path)  # a path, or a packaged model's name
     if path.is_dir() and (path / "config.json").exists():
         arch, config, raw, metadata = _read_hf_dir(path, runtime)
     else:
@@ -148,15 +157,47 @@ def load_model(
 
         # disable=None: draw the bar only on a terminal, never into pipes or logs.
         items = tqdm(items, desc=f"loading {path.name}", unit="tensor", leave=False, disable=None)
+    layout = arch.expert_layout(config)
+    expert_names = {n for t in layout.layers for n in t.names} if layout else set()
     for name, tensor in items:
-        weights[name] = backend.load_weight(tensor, qtypes[name])
-    graph = arch.build(config, weights, backend)
+        if name not in expert_names:  # experts are placed by build_experts below
+            weights[name] = backend.load_weight(tensor, qtypes[name])
+    experts = None
+    if layout is not None:
+        moe = moe or MoEOptions()
+        cache = _expert_cache(runtime, layout, moe)
+        experts = build_experts(layout, raw, qtypes, backend, moe, cache, str(path))
+        graph = arch.build(config, weights, backend, experts=experts)
+    else:
+        graph = arch.build(config, weights, backend)
     has_vocab = (
         (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
     )
     tokenizer = _tokenizer(path, metadata) if has_vocab else None
     identity = model_identity(metadata, raw)
-    return Model(path, arch, config, backend, weights, graph, tokenizer, metadata, identity)
+    return Model(
+        path, arch, config, backend, weights, graph, tokenizer, metadata, identity, experts
+    )
+
+
+def _expert_cache(runtime: Any, layout: Any, moe: MoEOptions) -> Any | None:
+    """The expert cache for the offloaded layers, or None (no budget, nothing offloaded,
+    or no expert-cache plugin: offloaded experts are then converted on every use)."""
+    offloaded = any(moe.offloaded(i) for i in range(len(layout.layers)))
+    if not offloaded:
+        if moe.cache_bytes:
+            log.info("every expert is resident (no --cpu-moe / -ncmoe): the cache is unused")
+        return None
+    if not moe.cache_bytes:
+        return None
+    if moe.shared:
+        cache = runtime.shared_expert_cache(moe.cache_bytes)
+    else:
+        infos = list(runtime.expert_caches().values())
+        cache = infos[0].create(moe.cache_bytes) if infos else None
+    if cache is None:
+        log.warning("--moe-cache-mib given but no expert-cache plugin is loaded; not caching")
+    return cache
 
 
 def model_identity(metadata: Mapping[str, Any], raw: Mapping[str, RawTensor]) -> str:

@@ -93,6 +93,23 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
     }
 
 
+def _communicator_entries(runtime: Any) -> list[dict[str, Any]]:
+    """Each communicator and its probe on this machine's CPU (no network is touched)."""
+    out = []
+    for name, info in sorted(runtime.communicators().items()):
+        probe = info.probe("cpu")
+        out.append(
+            {
+                "name": name,
+                "description": info.description,
+                "collective": info.collective,
+                "max_ranks": info.max_ranks,
+                **probe.as_json(),
+            }
+        )
+    return out
+
+
 def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
     """Everything ``tessera plugins`` shows, as plain data (the ``--json`` schema)."""
     # Build every catalogue first: a plugin whose hook raises shows up in failures then.
@@ -130,6 +147,7 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
         "commands": sorted(["plugins", *commands]),
         "backends": backends,
         "conflicts": list(runtime.conflicts),
+        "communicators": _communicator_entries(runtime),
     }
 
 
@@ -154,6 +172,10 @@ def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
     else:
         for line in _backend_lines(runtime):
             print(line)
+    for entry in _communicator_entries(runtime):
+        state = "usable here: " + ", ".join(entry["features"]) if entry["usable"] else entry["reason"]
+        kind = "collective" if entry["collective"] else f"at most {entry['max_ranks']} ranks"
+        print(f"communicator {entry['name']}: {kind}; {state} — {entry['description']}")
     for conflict in runtime.conflicts:
         print(f"conflict: {conflict}")
     return 0

@@ -24,6 +24,7 @@ import pluggy
 from tessera import PLUGIN_API_VERSION, hookspecs
 from tessera.errors import (
     PluginError,
+    TesseraError,
     UnknownArchitectureError,
     UnknownBackendError,
     UnknownQuantTypeError,
@@ -84,6 +85,7 @@ class Runtime:
         self.failures: list[PluginFailure] = []
         self.conflicts: list[str] = []
         self._catalogues: dict[str, dict[Any, Any]] = {}
+        self._shared_expert_cache: Any = None
         if env_flag("TESSERA_TRACE_HOOKS"):
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()
@@ -195,6 +197,44 @@ class Runtime:
 
     def commands(self) -> dict[str, Any]:
         return self._catalogue("tessera_register_commands", lambda c: [c.name])
+
+    def routes(self) -> dict[str, Any]:
+        """Server routes by ``"METHOD /path"`` (one route may own several keys)."""
+        return self._catalogue(
+            "tessera_register_routes", lambda r: [f"{m} {r.path}" for m in r.methods]
+        )
+
+    def expert_caches(self) -> dict[str, Any]:
+        """Expert caches (:class:`tessera.experts.ExpertCacheInfo`) by name."""
+        return self._catalogue("tessera_register_expert_caches", lambda c: [c.name])
+
+    def shared_expert_cache(self, budget_bytes: int) -> Any | None:
+        """The one expert cache of ``--moe-cache-shared``, made on first use with the first
+        registered expert cache (None when no expert-cache plugin is loaded). Later callers
+        share it, whatever budget they ask for: the first budget holds."""
+        if self._shared_expert_cache is None and self.expert_caches():
+            info = next(iter(self.expert_caches().values()))
+            self._shared_expert_cache = info.create(budget_bytes)
+        return self._shared_expert_cache
+
+    def communicators(self) -> dict[str, Any]:
+        """Communicators (:class:`tessera.communicator.CommunicatorInfo`) by name."""
+        return self._catalogue("tessera_register_communicators", lambda c: [c.name])
+
+    def spec_decoders(self) -> dict[str, Any]:
+        """Speculative decoders (:class:`tessera.spec_decoder.SpecDecoderInfo`) by name."""
+        return self._catalogue("tessera_register_spec_decoders", lambda d: [d.name])
+
+    def spec_decoder(self, name: str) -> Any:
+        """The spec decoder registered as ``name`` (``--spec-type``), or a clear error."""
+        decoders = self.spec_decoders()
+        if name not in decoders:
+            known = ", ".join(sorted(decoders)) or "none (no spec-decoder plugin is loaded)"
+            raise TesseraError(
+                f"unknown speculative decoding type '{name}'; the installed types are: "
+                f"{known}. Pick one with --spec-type or install its plugin"
+            )
+        return decoders[name]
 
     # -- lookups with user-facing errors --------------------------------------------
 

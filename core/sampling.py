@@ -63,10 +63,27 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token id from a ``(n_vocab,)`` logits row; ``history`` feeds the penalty."""
-        p = self.params
         logits = self.apply_penalty(np.asarray(logits, dtype=np.float32), history)
-        if p.greedy:
+        if self.params.greedy:
             return int(np.argmax(logits))
+        ids, probs = self._candidates(logits)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def probs(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The ``(n_vocab,)`` float64 distribution :meth:`sample` draws from (one-hot when
+        greedy); speculative decoding's rejection rule compares drafts against it."""
+        logits = self.apply_penalty(np.asarray(logits, dtype=np.float32), history)
+        out = np.zeros(len(logits), dtype=np.float64)
+        if self.params.greedy:
+            out[int(np.argmax(logits))] = 1.0
+            return out
+        ids, probs = self._candidates(logits)
+        out[ids] = probs
+        return out
+
+    def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids left after top-k, top-p and min-p, and their tempered probabilities."""
+        p = self.params
         ids = np.arange(len(logits))
         if 0 < p.top_k < len(logits):
             keep = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
@@ -84,4 +101,4 @@ class Sampler:
             ids, logits = ids[:n], logits[:n]
         scaled = (logits - logits[0]) / p.temperature
         weights = np.exp(scaled)
-        return int(ids[self.rng.choice(len(ids), p=weights / weights.sum())])
+        return ids, weights / weights.sum()

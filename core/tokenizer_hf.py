@@ -1,5 +1,6 @@
 """Reading a Hugging Face tokenizer folder (tokenizer.json + tokenizer_config.json) as the
-GGUF ``tokenizer.*`` metadata llama.cpp's converter would write for it (byte-level BPE only)."""
+GGUF ``tokenizer.*`` metadata llama.cpp's converter would write for it (byte-level BPE and
+BERT's WordPiece)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def hf_dir_metadata(path: Path) -> dict[str, Any]:
         )
     tj = _read_json(tj_path)
     model = tj.get("model", {})
+    if model.get("type") == "WordPiece":
+        return wordpiece_metadata(path, tj)
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         raise TokenizerError(
             f"'{tj_path}' holds a {model.get('type')} tokenizer; tessera reads only byte-level "
@@ -129,4 +132,69 @@ def hf_dir_metadata(path: Path) -> dict[str, Any]:
         template = template_path.read_text(encoding="utf-8")
     if template:
         meta["tokenizer.chat_template"] = template
+    return meta
+
+
+def wordpiece_metadata(path: Path, tj: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp's ``bert`` vocabulary for a WordPiece tokenizer.json: word starts marked
+    with ``▁`` instead of continuations with ``##``, special tokens as control tokens, the
+    [CLS] ... [SEP] frame as BOS/EOS, and BERT's lowercasing from the normalizer."""
+    model = tj["model"]
+    vocab: dict[str, int] = dict(model.get("vocab", {}))
+    added = tj.get("added_tokens", [])
+    n = 1 + max([*vocab.values(), *(a["id"] for a in added)])
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    types = [int(TokenType.UNUSED)] * n
+    prefix = model.get("continuing_subword_prefix", "##")
+    for text, i in vocab.items():
+        if text.startswith("[") and text.endswith("]"):
+            tokens[i] = text
+        elif text.startswith(prefix):
+            tokens[i] = text[len(prefix) :]
+        else:
+            tokens[i] = "\u2581" + text
+        types[i] = int(TokenType.NORMAL)
+    for a in added:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = int(TokenType.CONTROL if a.get("special") else TokenType.USER_DEFINED)
+    config_path = path / "tokenizer_config.json"
+    config = _read_json(config_path) if config_path.is_file() else {}
+    ids = {text: i for i, text in enumerate(tokens)}
+
+    def token_id(name: str, default: str) -> int | None:
+        return ids.get(_token_content(config.get(f"{name}_token")) or default)
+
+    normalizer = tj.get("normalizer") or {}
+    lowercase = bool(normalizer.get("lowercase", config.get("do_lower_case", True)))
+    strip_accents = normalizer.get("strip_accents")
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "bert",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        # gguf's SpecialVocab: [CLS] is BOS and [SEP] EOS when the config names no others
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": True,
+        "tokenizer.ggml.add_sep_token": False,
+        "tokenizer.ggml.normalizer.lowercase": lowercase,
+        "tokenizer.ggml.normalizer.strip_accents": bool(
+            lowercase if strip_accents is None else strip_accents
+        ),
+    }
+    special = {
+        "bos": token_id("cls", "[CLS]"),
+        "eos": token_id("sep", "[SEP]"),
+        "unk": token_id("unk", "[UNK]"),
+        "sep": token_id("sep", "[SEP]"),
+        "pad": token_id("pad", "[PAD]"),
+        "mask": token_id("mask", "[MASK]"),
+    }
+    for name, tid in special.items():
+        if tid is not None:
+            meta[SPECIAL_ID_KEYS[name]] = tid
+    config_json = path / "config.json"
+    if config_json.is_file():
+        meta["tokenizer.ggml.token_type_count"] = int(
+            _read_json(config_json).get("type_vocab_size", 2)
+        )
     return meta

@@ -272,6 +272,14 @@ class LlamaArchitecture(Architecture):
     def kv_layout(self, c: LlamaConfig) -> list[KVLayerLayout | None]:
         return [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)] * c.n_layer
 
+    def tensor_parallel(
+        self, c: LlamaConfig, rank: int, world_size: int, *, split_lm_head: bool = True
+    ) -> Any:
+        """Megatron-style split over ``world_size`` ranks (see :mod:`tessera.models.llama_tp`)."""
+        from tessera.models.llama_tp import LlamaTensorParallel
+
+        return LlamaTensorParallel(c, rank, world_size, split_lm_head)
+
     def build(self, c: LlamaConfig, weights: Mapping[str, Any], backend: Any) -> LlamaGraph:
         missing = [n for n in self.tensor_shapes(c) if n not in weights]
         if missing:
@@ -329,11 +337,20 @@ class LlamaGraph:
                 x = b.get_rows(x, inp.output_rows)
             x = b.add(x, attn)
             h = b.rms_norm(x, self.w[p + "ffn_norm.weight"], c.rms_eps)
-            gate = b.matmul(h, self.w[p + "ffn_gate.weight"])
-            up = b.matmul(h, self.w[p + "ffn_up.weight"])
-            x = b.add(x, b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down.weight"]))
+            x = b.add(x, self._ffn(il, h))
         x = b.rms_norm(x, self.w["output_norm.weight"], c.rms_eps)
-        return b.matmul(x, self.output)
+        return self._logits(x)
+
+    def _ffn(self, il: int, h: Any) -> Any:
+        """SwiGLU FFN of layer ``il`` (tensor parallel overrides it to sum partial outputs)."""
+        b, p = self.b, f"blk.{il}."
+        gate = b.matmul(h, self.w[p + "ffn_gate.weight"])
+        up = b.matmul(h, self.w[p + "ffn_up.weight"])
+        return b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down.weight"])
+
+    def _logits(self, x: Any) -> Any:
+        """The LM head over normalized hidden states (tensor parallel may split it by vocab)."""
+        return self.b.matmul(x, self.output)
 
 
 @hookimpl

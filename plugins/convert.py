@@ -24,6 +24,7 @@ from tessera.errors import ModelFileError, TesseraError
 from tessera.gguf_writer import QUANTIZATION_VERSION, encode_tensor, storage_types, write_gguf
 from tessera.hf_folder import read_hf_config, read_safetensors_dir
 from tessera.hookspecs import hookimpl
+from tessera.model_names import resolve_model_path
 
 TESSERA_PLUGIN_API = 1
 
@@ -105,7 +106,7 @@ def convert_hf_to_gguf(
     key = _check_outtype(outtype)
     qtype_name, file_type = OUTTYPES[key]
     runtime.quant_type_by_name(qtype_name)  # fail early if that quant plugin is missing
-    hf_dir = Path(hf_dir)
+    hf_dir = resolve_model_path(hf_dir)  # a folder, or a packaged model's name
     hf_config = read_hf_config(hf_dir)
     arch = runtime.hf_architecture(hf_config["model_type"])
     config = arch.config_from_hf(hf_config)

@@ -51,6 +51,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention": 1e-4,
         "attention_rows": 1e-4,
         "rope": 2e-5,
+        "rope_ext": 2e-5,
     },
     "f16": {
         "default": 2e-3,
@@ -58,6 +59,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention": 1e-2,
         "attention_rows": 1e-2,
         "rope": 4e-3,
+        "rope_ext": 4e-3,
     },
     "bf16": {
         "default": 1e-2,
@@ -65,6 +67,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention": 2e-2,
         "attention_rows": 2e-2,
         "rope": 2e-2,
+        "rope_ext": 2e-2,
     },
 }
 

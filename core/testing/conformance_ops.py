@@ -87,7 +87,7 @@ def elementwise_cases() -> list[Case]:
             (7, 64),
         )
     )
-    for op in ("silu", "gelu"):
+    for op in ("silu", "gelu", "gelu_erf"):
         cases.append(
             Case(
                 f"{op}-T7-E64",
@@ -188,6 +188,47 @@ def rope_cases() -> list[Case]:
                         )
                     )
     return cases
+
+
+def rope_ext_cases() -> list[Case]:
+    """``rope_ext``: per-pair divisors, with huge ones leaving pairs unrotated (Gemma 4)."""
+    cases = []
+    for mode in ("normal", "neox"):
+        for kind in ("partial", "random"):
+            for pos_kind in ("seq", "far"):
+                cases.append(
+                    Case(
+                        f"rope_ext-{mode}-T7-H4-D64-R64-{kind}-{pos_kind}",
+                        "rope_ext",
+                        {"n_rot": 64, "head_dim": 64, "neox": mode == "neox"},
+                        lambda rng, k=kind, p=ROPE_POSITIONS[pos_kind]: {
+                            "x": _normal(rng, 7, 4, 64),
+                            "pos": p,
+                            # a list, not an array: the factors are host data, never loaded
+                            "ff": (
+                                np.where(np.arange(32) < 8, 1.0, 1e30)
+                                if k == "partial"
+                                else rng.uniform(0.5, 4.0, 32)
+                            ).tolist(),
+                        },
+                        lambda b, a, m=mode: b.rope_ext(
+                            a["x"], a["pos"], 64, 1e6, m == "neox", 1.0, a["ff"]
+                        ),
+                        (7, 4, 64),
+                    )
+                )
+    return cases
+
+
+def tanh_case() -> Case:
+    return Case(
+        "tanh-T7-E64",
+        "tanh",
+        {},
+        lambda rng: {"x": _normal(rng, 7, 64, scale=3.0)},
+        lambda b, a: b.tanh(a["x"]),
+        (7, 64),
+    )
 
 
 def _attention_mask(kind: str, n_tokens: int, n_kv: int) -> np.ndarray:
@@ -416,4 +457,6 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *attention_rows_cases(),
         set_rows_case(),
         *transfer_cases(),
+        *rope_ext_cases(),
+        tanh_case(),
     ]

@@ -214,7 +214,7 @@ def make_gguf(
     config = architecture.example_config(arch=arch, **_dims(size, dims, vocab.n_vocab))
     shapes = architecture.tensor_shapes(config)
     types = storage_types(shapes, qtype, runtime.quant_type_by_name)
-    weights = random_weights(shapes, seed)
+    weights = random_weights(shapes, seed) | architecture.example_tensors(config)
     tensors = [encode_tensor(n, weights[n], types[n]) for n in shapes]
     metadata = {
         **architecture.gguf_metadata(config),

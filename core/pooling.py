@@ -1,0 +1,173 @@
+"""Embedding mode of a context: hidden states pooled per sequence, never the LM head.
+
+:func:`encode_batch` is what :meth:`tessera.context.Context.encode` runs. It asks the
+architecture for final hidden states (``ForwardInput.embeddings``) of only the rows the
+pooling needs, pools them per sequence the way llama.cpp's pooling types do, and for
+``rank`` applies the classifier head GGUF files store as ``cls`` / ``cls.output``. No
+``(T, n_vocab)`` logits buffer is ever made: the largest output is ``(T, n_embd)``.
+
+Encoders (``Architecture.causal_attention`` False) keep no KV cache: every ubatch holds
+whole sequences, packed up to ``n_ubatch`` tokens. Decoders run over the KV cache as in
+generation; their cells are released when the call ends, so nothing carries over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tessera.arch import ForwardInput
+from tessera.batch import Batch
+from tessera.errors import TesseraError
+
+#: llama.cpp's pooling types, in the order of GGUF ``{arch}.pooling_type`` numbers.
+POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
+
+
+def pooling_name(value: int | str) -> str:
+    """The pooling type name of a GGUF number or a name; TesseraError if unknown."""
+    if isinstance(value, str) and value in POOLING_TYPES:
+        return value
+    if isinstance(value, int | np.integer) and 0 <= int(value) < len(POOLING_TYPES):
+        return POOLING_TYPES[int(value)]
+    raise TesseraError(
+        f"unknown pooling type {value!r}; choose one of {', '.join(POOLING_TYPES)}"
+    )
+
+
+def _sequence_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Sequence ids present (ascending), each row's index into them, and per sequence the
+    row with the lowest and with the highest position."""
+    seqs, inverse = np.unique(batch.seq_ids, return_inverse=True)
+    by_pos = np.lexsort((batch.positions, inverse))  # rows grouped by sequence, by position
+    counts = np.bincount(inverse, minlength=len(seqs))
+    ends = np.cumsum(counts)
+    return seqs, inverse, by_pos[ends - counts], by_pos[ends - 1]
+
+
+def _encoder_ubatches(batch: Batch, inverse: np.ndarray, n_ubatch: int) -> list[np.ndarray]:
+    """Row indices of ubatches that hold whole sequences, at most ``n_ubatch`` rows each."""
+    order = np.argsort(inverse, kind="stable")
+    counts = np.bincount(inverse)
+    longest = int(counts.max())
+    if longest > n_ubatch:
+        raise TesseraError(
+            f"an input has {longest} tokens but the physical batch (-ub) holds {n_ubatch}; "
+            "an encoder sees a whole input at once, so raise -ub (and -b) or shorten it"
+        )
+    groups: list[np.ndarray] = []
+    start = size = 0
+    for n in counts:
+        if size + n > n_ubatch:
+            groups.append(order[start : start + size])
+            start, size = start + size, 0
+        size += int(n)
+    groups.append(order[start : start + size])
+    return groups
+
+
+def hidden_states(
+    ctx: Any, batch: Batch, want: np.ndarray, token_types: np.ndarray | None = None
+) -> np.ndarray:
+    """Final hidden states of the rows ``want`` (bool ``(T,)``) as float32 ``(T, n_embd)``;
+    rows not wanted are left zero. No KV cell of the batch stays in the cache."""
+    model = ctx.model
+    backend = model.backend
+    causal = model.arch.causal_attention(model.config)
+    if causal:
+        groups = [
+            np.arange(s, min(s + ctx.n_ubatch, len(batch)))
+            for s in range(0, len(batch), ctx.n_ubatch)
+        ]
+    else:
+        groups = _encoder_ubatches(batch, np.unique(batch.seq_ids, return_inverse=True)[1],
+                                   ctx.n_ubatch)
+    out: np.ndarray | None = None
+    written: list[np.ndarray] = []
+    try:
+        for rows in groups:
+            seq_ids, positions = batch.seq_ids[rows], batch.positions[rows]
+            kv = None
+            if causal:
+                cells = ctx.kv.find_slot(len(rows), seq_ids)
+                ctx.kv.commit(cells, positions, seq_ids)
+                written.append(cells)
+                kv = ctx.kv.view(cells, positions, seq_ids, ctx.kv_path)
+            inp = ForwardInput(
+                tokens=batch.tokens[rows],
+                positions=positions,
+                output_rows=np.flatnonzero(want[rows]),
+                kv=kv,
+                embeddings=True,
+                seq_ids=seq_ids,
+                token_types=None if token_types is None else token_types[rows],
+            )
+            h = model.graph.forward(inp)
+            if len(inp.output_rows):
+                h = backend.to_numpy(h)
+                if out is None:
+                    out = np.zeros((len(batch), h.shape[-1]), dtype=np.float32)
+                    ctx.output_buffers["embd"] += 1
+                out[rows[inp.output_rows]] = h
+    finally:
+        for cells in written:
+            ctx.kv.release(cells)
+    assert out is not None  # every pooling wants at least one row
+    return out
+
+
+def classifier_head(model: Any, pooled: np.ndarray) -> np.ndarray:
+    """Scores ``(n, n_cls_out)`` of ``rank`` pooling: ``cls.output(tanh(cls(x)))`` where the
+    model has both layers (as llama.cpp's rank graph), float32 on the host."""
+    b, w = model.backend, model.weights
+    if "cls.output.weight" not in w and "cls.weight" not in w:
+        raise TesseraError(
+            "the model has no classifier head (cls / cls.output tensors), so it cannot rank; "
+            "use a reranker model or another --pooling"
+        )
+    x = b.from_numpy(pooled)
+
+    def dense(x: Any, name: str) -> Any:
+        y = b.matmul(x, w[name + ".weight"])
+        return y if name + ".bias" not in w else b.add(y, w[name + ".bias"])
+
+    if "cls.weight" in w:
+        x = dense(x, "cls")
+        x = b.tanh(x) if b.supports("tanh") else b.from_numpy(np.tanh(b.to_numpy(x)))
+    if "cls.output.weight" in w:
+        x = dense(x, "cls.output")
+    return b.to_numpy(x).astype(np.float32)
+
+
+def encode_batch(
+    ctx: Any, batch: Batch, pooling: str, token_types: np.ndarray | None = None
+) -> np.ndarray:
+    """Run ``batch`` in embedding mode and pool (see :meth:`Context.encode`)."""
+    pooling = pooling_name(pooling)
+    seqs, inverse, first, last = _sequence_rows(batch)
+    want = np.zeros(len(batch), dtype=bool)
+    if pooling == "none":
+        want = batch.output.copy()
+        if not want.any():
+            raise TesseraError("pooling none returns the output rows, but the batch marks none")
+    elif pooling == "mean":
+        want[:] = True
+    elif pooling in ("cls", "rank"):
+        want[first] = True
+    else:
+        want[last] = True
+    h = hidden_states(ctx, batch, want, token_types)
+    if pooling == "none":
+        return h[want]
+    if pooling == "mean":
+        # one (n_seq, T) averaging matrix: a single matmul instead of a loop over sequences
+        weights = np.zeros((len(seqs), len(batch)), dtype=np.float32)
+        weights[inverse, np.arange(len(batch))] = 1.0
+        weights /= weights.sum(axis=1, keepdims=True)
+        return weights @ h
+    if pooling == "last":
+        return h[last]
+    if pooling == "cls":
+        return h[first]
+    return classifier_head(ctx.model, h[first])

@@ -1,0 +1,153 @@
+"""One step of the slot engine: build a batch from the busy slots, decode it, sample.
+
+Batch order: each generating slot's pending token (one row, with output), then prompt
+chunks of the slots still reading their prompt, oldest request first, until ``n_batch``
+rows. A prompt chunk asks for an output only on the prompt's last token, so the logits
+buffer holds one row per slot that samples this step.
+
+When the unified cache cannot hold the step's new rows, idle slots give up their
+cached tokens first (least recently used first); then prompt chunks shrink; a generating
+slot that still cannot get a cell ends with ``finish_reason = "length"``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+from tessera.batch import Batch
+from tessera.slot_types import TokenEvent
+
+if TYPE_CHECKING:
+    from tessera.slot_engine import Slot, SlotEngine
+
+log = logging.getLogger("tessera.slots")
+
+
+@attrs.define
+class _Entry:
+    slot: Slot
+    tokens: list[int]
+    output: bool
+
+
+def step(engine: SlotEngine) -> None:
+    """Run one decode step over every busy slot of ``engine``."""
+    plan = _plan(engine)
+    if not plan:
+        return
+    rows = [
+        (tok, len(e.slot.cache_tokens) + i, e.slot.id, e.output and i == len(e.tokens) - 1)
+        for e in plan
+        for i, tok in enumerate(e.tokens)
+    ]
+    tokens, positions, seq_ids, output = (list(col) for col in zip(*rows, strict=True))
+    batch = Batch(tokens, positions, seq_ids, output)
+    try:
+        logits = engine.ctx.decode(batch)
+    except Exception as exc:  # the cache is unchanged (decode releases its cells)
+        log.exception("decode failed")
+        for e in plan:
+            engine.finish(e.slot, "error", f"decoding failed: {exc}")
+        return
+    engine.metrics.n_decode_calls += 1
+    engine.metrics.n_batch_rows += len(batch)
+    out_row = 0
+    for e in plan:
+        slot = e.slot
+        slot.cache_tokens.extend(e.tokens)
+        if slot.pending is None:
+            slot.n_done += len(e.tokens)
+            engine.metrics.n_prompt_tokens += len(e.tokens)
+        else:
+            slot.pending = None
+        if e.output:
+            _sample(engine, slot, logits[out_row])
+            out_row += 1
+
+
+def _plan(engine: SlotEngine) -> list[_Entry]:
+    kv = engine.ctx.kv
+    budget = engine.ctx.params.n_batch
+    generating = [s for s in engine.slots if s.task is not None and s.pending is not None]
+    reading = sorted(
+        (s for s in engine.slots if s.task is not None and s.pending is None),
+        key=lambda s: s.task.id,
+    )
+    want = len(generating) + sum(len(s.prompt) - s.n_done for s in reading)
+    free = kv.n_ctx - kv.n_used
+    if want > free:
+        free += _evict_idle_caches(engine, min(want, budget) - free)
+    while len(generating) > free:  # nothing else can give cells back: end the biggest
+        biggest = max(generating, key=lambda s: len(s.cache_tokens))
+        generating.remove(biggest)
+        engine.finish(biggest, "length")
+    plan = [_Entry(s, [s.pending], True) for s in generating]
+    room = min(budget, free) - len(plan)
+    for slot in reading:
+        if room <= 0:
+            break
+        chunk = list(slot.prompt[slot.n_done : slot.n_done + room])
+        plan.append(_Entry(slot, chunk, slot.n_done + len(chunk) == len(slot.prompt)))
+        room -= len(chunk)
+    if not plan and reading:  # every cell belongs to prompts still being read
+        engine.finish(reading[-1], "length", "the KV cache is full; raise the context (-c)")
+    return plan
+
+
+def _evict_idle_caches(engine: SlotEngine, n_cells: int) -> int:
+    """Free at least ``n_cells`` cells from idle slots' caches, oldest first; return how many."""
+    kv, freed = engine.ctx.kv, 0
+    for slot in sorted(engine.slots, key=lambda s: s.last_used):
+        if freed >= n_cells:
+            break
+        if slot.task is None and slot.cache_tokens:
+            before = kv.n_used
+            kv.seq_rm(slot.id, 0)
+            slot.cache_tokens = []
+            freed += before - kv.n_used
+    return freed
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    shifted = row - row.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def _sample(engine: SlotEngine, slot: Slot, row: np.ndarray) -> None:
+    task = slot.task
+    req = task.request
+    if slot.t_first is None:
+        slot.t_first = time.perf_counter()
+    logits = row
+    if req.ignore_eos and len(engine.eog_ids):
+        logits = row.copy()
+        logits[engine.eog_ids] = -np.inf
+    if slot.constraint is not None:
+        token = slot.constraint.sample(slot.sampler, logits, slot.history)
+        slot.constraint.accept(token)
+    else:
+        token = slot.sampler.sample(logits, slot.history)
+    if token in engine.eog_ids:
+        engine.finish(slot, "stop")
+        return
+    event = TokenEvent(token)
+    if req.logprobs is not None:
+        logp = _log_softmax(row)
+        top = np.argsort(-logp, kind="stable")[: req.logprobs]
+        event = TokenEvent(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
+    slot.n_generated += 1
+    slot.history.append(token)
+    slot.pending = token
+    engine.emit_token(slot, event)
+    if slot.constraint is not None and slot.constraint.complete:
+        engine.finish(slot, "stop")
+    elif 0 <= req.max_tokens <= slot.n_generated:
+        engine.finish(slot, "length")
+    elif len(slot.cache_tokens) + 1 >= engine.ctx.n_ctx:
+        engine.finish(slot, "length")

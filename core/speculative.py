@@ -1,0 +1,250 @@
+"""Speculative generation: a drafter proposes tokens, the target checks them in one batch.
+
+Each step evaluates ``[last token, d_1 .. d_k]`` on the target in one batch, with logits
+for every row. Row ``j`` is the target's distribution for the token after ``d_j`` (row 0:
+after the last token). Acceptance, token by token (Leviathan et al. / Chen et al. 2023):
+
+- greedy: keep ``d_j`` while it equals the target's argmax; the first mismatch is replaced
+  by the argmax, so the output is token for token what the target alone would give;
+- sampling: keep ``d_j`` with probability ``min(1, p(d_j) / q(d_j))`` (``p``: the target's
+  sampling distribution after penalties/top-k/top-p/min-p/temperature, ``q``: the
+  drafter's); on rejection draw from ``max(p - q, 0)`` renormalized. The emitted tokens
+  are then distributed exactly as the target's own samples.
+
+After a full acceptance the last row gives one more token for free. Rejected rows leave
+the target's KV cache with ``KVCache.seq_rm``, so the cache ends exactly as after plain
+decoding; drafters roll their own state back (see :class:`tessera.spec_decoder.SpecDecoder`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.batch import Batch
+from tessera.context import Context
+from tessera.engine import GenerationStats
+from tessera.errors import ContextOverflowError, TesseraError
+from tessera.sampling import Sampler
+from tessera.spec_decoder import Draft, SpecDecoder, SpecParams
+
+#: Set to 0 to keep the draft length fixed at --draft-max (no adaptive length).
+ADAPTIVE_ENV = "TESSERA_SPEC_ADAPTIVE"
+
+
+@attrs.define
+class SpecStats(GenerationStats):
+    """:class:`GenerationStats` plus what speculation did (llama.cpp's n_drafted/n_accept)."""
+
+    n_drafted: int = 0
+    n_accepted: int = 0
+    n_target_batches: int = 0  # target decode calls after the prompt
+    n_verify: int = 0  # of those, the ones that carried a draft
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted draft tokens per target batch that carried a draft."""
+        return self.n_accepted / self.n_verify if self.n_verify else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "n_prompt": self.n_prompt,
+            "n_generated": self.n_generated,
+            "t_prompt": self.t_prompt,
+            "t_generate": self.t_generate,
+            "n_drafted": self.n_drafted,
+            "n_accepted": self.n_accepted,
+            "n_target_batches": self.n_target_batches,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted,
+        }
+
+
+def accept_draft(
+    draft: Draft,
+    rows: np.ndarray,
+    sampler: Sampler,
+    history: Sequence[int],
+) -> list[int]:
+    """The tokens to emit for ``draft`` given target logits ``rows`` (``len(draft) + 1``
+    rows): the accepted prefix of the draft followed by one token of the target's."""
+    out: list[int] = []
+    hist = list(history)
+    for j, d in enumerate(draft.tokens):
+        if sampler.params.greedy:
+            t = sampler.sample(rows[j], hist)
+            if t != d:
+                return [*out, t]
+        else:
+            p = sampler.probs(rows[j], hist)
+            q_d = 1.0 if draft.probs is None else float(draft.probs[j][d])
+            # accept d with probability min(1, p(d) / q(d))
+            if sampler.rng.random() * q_d >= p[d]:
+                residual = p.copy()
+                if draft.probs is None:
+                    residual[d] = 0.0
+                else:
+                    residual = np.maximum(p - draft.probs[j], 0.0)
+                total = residual.sum()
+                residual = residual / total if total > 0 else p
+                return [*out, int(sampler.rng.choice(len(residual), p=residual))]
+        out.append(d)
+        hist.append(d)
+    return [*out, sampler.sample(rows[len(draft)], hist)]
+
+
+@attrs.define
+class DraftLength:
+    """How many tokens to ask for next: grows while drafts are accepted, shrinks on
+    rejection, and after repeated total misses pauses drafting for a growing stretch."""
+
+    n_max: int
+    adaptive: bool = True
+    n: int = 0
+    pause: int = 0  # plain steps left before drafting again
+    backoff: int = 1
+
+    def __attrs_post_init__(self) -> None:
+        self.n = self.n_max
+
+    def next(self) -> int:
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.n
+
+    def update(self, n_drafted: int, n_accepted: int) -> None:
+        if not self.adaptive or n_drafted == 0:
+            return
+        if n_accepted == n_drafted:
+            self.n = min(self.n_max, self.n * 2)
+            self.backoff = 1
+        elif n_accepted == 0 and self.n == 1:
+            self.pause, self.backoff = self.backoff, min(self.backoff * 2, 16)
+        else:
+            self.n = max(1, n_accepted + 1)
+
+
+def generate_speculative(
+    ctx: Context,
+    prompt: Sequence[int],
+    n_predict: int,
+    sampler: Sampler,
+    decoder: SpecDecoder,
+    params: SpecParams | None = None,
+    *,
+    seq_id: int = 0,
+    eog_ids: frozenset[int] = frozenset(),
+    stats: SpecStats | None = None,
+    n_past: int = 0,
+    on_prompt_done: Callable[[], None] | None = None,
+) -> Iterator[int]:
+    """Like :func:`tessera.engine.generate` (same arguments, same tokens for greedy
+    sampling, same distribution otherwise), with ``decoder`` drafting ahead."""
+    params = params or SpecParams()
+    if not 0 <= n_past < max(len(prompt), 1):
+        raise TesseraError(f"n_past must be in [0, {len(prompt)}), got {n_past}")
+    if not prompt:
+        raise ContextOverflowError("the prompt is empty; give at least one token")
+    if len(prompt) >= ctx.n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens but the context holds {ctx.n_ctx}; raise the "
+            "context size with -c or shorten the prompt"
+        )
+    stats = stats if stats is not None else SpecStats()
+    if decoder.needs_all_prompt_outputs:
+        n_past = 0  # the drafter needs every prompt row's state, so evaluate them all
+    ctx.kv.seq_rm(seq_id, n_past)
+    t0 = time.perf_counter()
+    logits = _prefill(ctx, prompt[n_past:], seq_id, n_past, decoder.needs_all_prompt_outputs)
+    stats.n_prompt, stats.t_prompt = len(prompt) - n_past, time.perf_counter() - t0
+    if on_prompt_done is not None:
+        on_prompt_done()
+    history = list(prompt)
+    budget = ctx.n_ctx - len(prompt) if n_predict < 0 else min(n_predict, ctx.n_ctx - len(prompt))
+    adaptive = params.adaptive and os.environ.get(ADAPTIVE_ENV, "1") not in ("0", "")
+    length = DraftLength(min(params.draft_max, ctx.params.n_batch - 1), adaptive)
+    t0 = time.perf_counter()
+    decoder.begin(prompt, seq_id)
+    if budget <= 0:
+        return
+    token = sampler.sample(logits, history)
+    stats.n_generated += 1
+    if token in eog_ids:
+        stats.t_generate = time.perf_counter() - t0
+        return
+    yield token
+    history.append(token)
+    n_left = budget - 1
+    while n_left > 0:
+        # Enough drafts to fill the budget (the target adds one) and the context.
+        n_max = min(length.next(), n_left - 1, ctx.n_ctx - len(history))
+        draft = decoder.draft(history, n_max) if n_max > 0 else Draft(())
+        if len(draft) > n_max:
+            draft = Draft(draft.tokens[:n_max], None if draft.probs is None else draft.probs[:n_max])
+        if len(draft) < max(params.draft_min, 1):
+            draft = Draft(())
+        pos0 = len(history) - 1
+        batch = Batch.for_sequence([history[-1], *draft.tokens], pos0, seq_id, "all")
+        rows = ctx.decode(batch)
+        stats.n_target_batches += 1
+        emitted = accept_draft(draft, rows, sampler, history)
+        n_acc = len(emitted) - 1
+        if len(draft):
+            stats.n_drafted += len(draft)
+            stats.n_accepted += n_acc
+            stats.n_verify += 1
+        length.update(len(draft), n_acc)
+        stopped = False
+        kept = 0
+        for t in emitted[:n_left]:
+            stats.n_generated += 1
+            if t in eog_ids:
+                stopped = True
+                break
+            kept += 1
+        new = emitted[:kept]
+        # The cache keeps the history the target has evaluated: all of it after an EOG
+        # (as plain decoding), else all but the newest token, which the next batch carries.
+        keep_to = len(history) + kept - (0 if stopped else 1)
+        ctx.kv.seq_rm(seq_id, keep_to)
+        for t in new:
+            yield t
+        history.extend(new)
+        n_left -= len(emitted[:n_left])
+        decoder.accepted(history, len(draft), n_acc)
+        stats.t_generate = time.perf_counter() - t0
+        if stopped:
+            break
+    stats.t_generate = time.perf_counter() - t0
+
+
+def _prefill(
+    ctx: Context, tokens: Sequence[int], seq_id: int, start_pos: int, all_rows: bool
+) -> np.ndarray:
+    """The prompt in n_batch chunks; the last row's logits (all rows' when a drafter
+    reads the target's per-row state)."""
+    if not all_rows:
+        from tessera.engine import prefill
+
+        return prefill(ctx, tokens, seq_id, start_pos)
+    n_batch = ctx.params.n_batch
+    logits = np.zeros((0,), dtype=np.float32)
+    for start in range(0, len(tokens), n_batch):
+        chunk = tokens[start : start + n_batch]
+        logits = ctx.decode(Batch.for_sequence(chunk, start_pos + start, seq_id, "all"))[-1]
+    return logits
+
+
+def create_decoder(runtime: Any, name: str, ctx: Context, params: SpecParams) -> SpecDecoder:
+    """The spec decoder ``name`` from the plugin registry, bound to ``ctx``."""
+    return runtime.spec_decoder(name).create(ctx, params, runtime)

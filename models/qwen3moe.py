@@ -1,0 +1,335 @@
+"""Mixture-of-experts architectures: ``qwen3moe`` and ``qwen2moe`` (GGUF and Hugging Face).
+
+The attention half of each layer is the llama family's (Qwen3's QK-norm, Qwen2's Q/K/V
+biases), reused from :mod:`tessera.models.llama`. The FFN half is routed: a router
+(``ffn_gate_inp``) scores the experts per token, softmax, the top ``expert_used_count``
+are kept (renormalized to sum to one for qwen3moe, as llama.cpp does and as HF does with
+``norm_topk_prob``), and the chosen experts' SwiGLU FFNs, stored stacked in
+``ffn_{gate,up,down}_exps``, are summed with those weights. ``qwen2moe`` adds a shared
+expert (``ffn_*_shexp``) that every token runs, scaled by ``sigmoid(ffn_gate_inp_shexp)``.
+
+The experts reach the graph through :class:`tessera.experts.ModelExperts` (resident,
+offloaded, cached); only the experts a ubatch selected are computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.errors import ModelFileError
+from tessera.experts import (
+    ExpertLayout,
+    ExpertTensors,
+    ModelExperts,
+    StackedExperts,
+    moe_ffn_enabled,
+    moe_ffn_fallback,
+    route_top_k,
+)
+from tessera.hookspecs import hookimpl
+from tessera.models.llama import LlamaArchitecture, LlamaConfig, LlamaGraph
+
+TESSERA_PLUGIN_API = 1
+
+#: MoE arch -> the dense llama-family arch whose attention it uses.
+BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2"}
+#: HF ``model_type`` -> GGUF arch name.
+HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_SHARED = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+_HF_EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
+_HF_SHARED = {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+}
+
+
+@attrs.frozen
+class MoEConfig:
+    """A llama-family attention config (every :class:`LlamaConfig` field) plus experts."""
+
+    arch: str = attrs.field(validator=attrs.validators.in_(tuple(BASE_ARCH)))
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    #: Rescale the chosen experts' weights to sum to one (HF ``norm_topk_prob``).
+    norm_topk_prob: bool = True
+    #: Hidden size of the shared expert (qwen2moe); 0 = none.
+    n_ff_shexp: int = 0
+    n_ctx_train: int = 4096
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0
+    rms_eps: float = 1e-6
+    rope_neox: bool = True
+    attn_bias: bool = False
+    qk_norm: bool = False
+    tied_embeddings: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 < self.n_expert_used <= self.n_expert:
+            raise ModelFileError(
+                f"expert_used_count ({self.n_expert_used}) must be between 1 and expert_count "
+                f"({self.n_expert}); the model file is inconsistent — convert it again"
+            )
+
+    @classmethod
+    def from_base(cls, arch: str, base: LlamaConfig, **moe: Any) -> MoEConfig:
+        return cls(**(attrs.asdict(base, recurse=False) | {"arch": arch} | moe))
+
+
+class MoEArchitecture(LlamaArchitecture):
+    names = tuple(BASE_ARCH)
+    hf_model_types = tuple(HF_TYPES)
+
+    def config_from_gguf(
+        self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
+    ) -> MoEConfig:
+        arch = metadata["general.architecture"]
+        base, prefix = BASE_ARCH[arch], f"{arch}."
+
+        def key(name: str, default: Any = None) -> Any:
+            if (value := metadata.get(prefix + name, default)) is None:
+                raise ModelFileError(
+                    f"the GGUF metadata lacks '{prefix}{name}', which a {arch} model needs; "
+                    "the file is incomplete — convert the model again"
+                )
+            return value
+
+        n_ff_exp = int(key("expert_feed_forward_length"))
+        # The dense half reads the same keys under the base arch's prefix.
+        renamed = {
+            (base + k[len(arch) :] if k.startswith(prefix) else k): v for k, v in metadata.items()
+        }
+        renamed["general.architecture"] = base
+        renamed.setdefault(f"{base}.feed_forward_length", n_ff_exp)
+        return MoEConfig.from_base(
+            arch,
+            super().config_from_gguf(renamed, tensor_shapes),
+            n_expert=int(key("expert_count")),
+            n_expert_used=int(key("expert_used_count")),
+            n_ff_exp=n_ff_exp,
+            # llama.cpp renormalizes for qwen3moe and not for qwen2moe; a file may say.
+            norm_topk_prob=bool(key("expert_weights_norm", arch == "qwen3moe")),
+            n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)),
+        )
+
+    def config_from_hf(self, hf: Mapping[str, Any]) -> MoEConfig:
+        arch = HF_TYPES[hf["model_type"]]
+        step = int(hf.get("decoder_sparse_step", 1))
+        dense = list(hf.get("mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ModelFileError(
+                f"this {hf['model_type']} checkpoint has dense FFN layers (decoder_sparse_step="
+                f"{step}, mlp_only_layers={dense}); the {arch} plugin, like llama.cpp, needs "
+                "every layer to be a mixture of experts"
+            )
+        base = super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]})
+        n_ff_exp = int(hf["moe_intermediate_size"])
+        return MoEConfig.from_base(
+            arch,
+            base,
+            n_expert=int(hf["num_experts"]),
+            n_expert_used=int(hf["num_experts_per_tok"]),
+            n_ff_exp=n_ff_exp,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            n_ff_shexp=int(hf.get("shared_expert_intermediate_size") or 0),
+        )
+
+    def gguf_metadata(self, c: MoEConfig) -> dict[str, Any]:
+        a = c.arch
+        meta = super().gguf_metadata(c) | {
+            f"{a}.expert_count": c.n_expert,
+            f"{a}.expert_used_count": c.n_expert_used,
+            f"{a}.expert_feed_forward_length": c.n_ff_exp,
+        }
+        if c.norm_topk_prob != (a == "qwen3moe"):
+            # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
+            meta[f"{a}.expert_weights_norm"] = c.norm_topk_prob
+        if c.n_ff_shexp:
+            meta[f"{a}.expert_shared_feed_forward_length"] = c.n_ff_shexp
+        return meta
+
+    def tensor_shapes(self, c: MoEConfig) -> dict[str, tuple[int, ...]]:
+        shapes = {}
+        for name, shape in super().tensor_shapes(c).items():
+            if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")):
+                continue
+            shapes[name] = shape
+            if name.endswith("ffn_norm.weight"):
+                p = name[: -len("ffn_norm.weight")]
+                e, f, d = c.n_expert, c.n_ff_exp, c.n_embd
+                shapes[p + "ffn_gate_inp.weight"] = (e, d)
+                shapes[p + "ffn_gate_exps.weight"] = (e, f, d)
+                shapes[p + "ffn_up_exps.weight"] = (e, f, d)
+                shapes[p + "ffn_down_exps.weight"] = (e, d, f)
+                if c.n_ff_shexp:
+                    shapes[p + "ffn_gate_inp_shexp.weight"] = (d,)
+                    shapes[p + "ffn_gate_shexp.weight"] = (c.n_ff_shexp, d)
+                    shapes[p + "ffn_up_shexp.weight"] = (c.n_ff_shexp, d)
+                    shapes[p + "ffn_down_shexp.weight"] = (d, c.n_ff_shexp)
+        return shapes
+
+    def tensors_from_hf(
+        self, c: MoEConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
+    ) -> Iterator[tuple[str, Any]]:
+        dense, experts = {}, {}
+        for hf_name in hf_tensors:
+            layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
+            if not hf_name.startswith("model.layers.") or not rest.startswith("mlp."):
+                dense[hf_name] = hf_name
+            elif rest in _HF_SHARED:
+                value = np.asarray(hf_tensors[hf_name])
+                if rest == "mlp.shared_expert_gate.weight":
+                    value = value.reshape(-1)  # (1, n_embd) in HF, a vector in GGUF
+                yield f"blk.{layer}.{_HF_SHARED[rest]}", value
+            else:
+                experts.setdefault(int(layer), {})[rest] = hf_name
+        yield from super().tensors_from_hf(c, _Subset(hf_tensors, dense), for_gguf)
+        for layer, names in sorted(experts.items()):
+            yield from _stacked_experts(c, layer, names, hf_tensors)
+
+    def example_config(self, **overrides: Any) -> MoEConfig:
+        arch = overrides.pop("arch", "qwen3moe")
+        moe = {
+            "n_expert": overrides.pop("n_expert", 8),
+            "n_expert_used": overrides.pop("n_expert_used", 2),
+            "n_ff_exp": overrides.pop("n_ff_exp", 32),
+            "norm_topk_prob": overrides.pop("norm_topk_prob", arch == "qwen3moe"),
+            "n_ff_shexp": overrides.pop("n_ff_shexp", 48 if arch == "qwen2moe" else 0),
+        }
+        base = super().example_config(arch=BASE_ARCH[arch], **overrides)
+        return MoEConfig.from_base(arch, base, **moe)
+
+    def required_ops(self, c: MoEConfig) -> list[tuple[str, dict[str, Any]]]:
+        return [*super().required_ops(c), ("mul", {})]
+
+    def expert_layout(self, c: MoEConfig) -> ExpertLayout:
+        return ExpertLayout(
+            c.n_expert,
+            c.n_expert_used,
+            tuple(
+                ExpertTensors(il, *(f"blk.{il}.{n}.weight" for n in _EXPERTS))
+                for il in range(c.n_layer)
+            ),
+        )
+
+    def build(
+        self,
+        c: MoEConfig,
+        weights: Mapping[str, Any],
+        backend: Any,
+        experts: ModelExperts | None = None,
+    ) -> MoEGraph:
+        """``experts`` comes from the loader; without it the stacked tensors in ``weights``
+        are used as they are (every expert resident)."""
+        stacked = {n for t in self.expert_layout(c).layers for n in t.names}
+        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
+        missing = [n for n in wanted if n not in weights]
+        if missing:
+            raise ModelFileError(
+                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
+                f"{c.arch} model needs; the file is incomplete — convert it again"
+            )
+        if experts is None:
+            experts = ModelExperts(
+                {
+                    t.layer: StackedExperts(*(weights[n] for n in t.names))
+                    for t in self.expert_layout(c).layers
+                }
+            )
+        return MoEGraph(c, weights, backend, experts)
+
+
+class _Subset(Mapping):
+    """The HF tensors named in ``names``, still read lazily."""
+
+    def __init__(self, tensors: Mapping[str, Any], names: dict[str, str]) -> None:
+        self.tensors, self.names = tensors, names
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[self.names[name]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def _stacked_experts(
+    c: MoEConfig, layer: int, names: dict[str, str], hf: Mapping[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """GGUF's stacked expert tensors from HF's per-expert or fused (transformers 5) ones."""
+    p = f"blk.{layer}."
+    if "mlp.experts.gate_up_proj" in names:  # (E, 2F, n_embd): gate rows, then up rows
+        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
+        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
+        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
+        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
+        return
+    for proj, gguf in _HF_EXPERT.items():
+        try:
+            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
+        except KeyError as exc:
+            raise ModelFileError(
+                f"layer {layer} of this {c.arch} checkpoint lacks expert tensor {exc}; "
+                "the checkpoint is incomplete"
+            ) from None
+        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])
+    unknown = [n for n in names.values() if ".experts." not in n]
+    if unknown:
+        raise ModelFileError(
+            f"unexpected tensor '{unknown[0]}' in a {c.arch} checkpoint; the {c.arch} "
+            "architecture plugin does not know where it goes"
+        )
+
+
+class MoEGraph(LlamaGraph):
+    """A llama-family graph whose FFN is routed experts (plus a shared expert)."""
+
+    def __init__(
+        self, config: MoEConfig, weights: Mapping[str, Any], backend: Any, experts: ModelExperts
+    ) -> None:
+        super().__init__(config, weights, backend)
+        self.experts = experts
+        self.use_op, why = moe_ffn_enabled(
+            backend, n_expert=config.n_expert, n_expert_used=config.n_expert_used
+        )
+        backend.record("moe_ffn", "moe_ffn" if self.use_op else "core-op fallback", why)
+
+    def _ffn(self, il: int, h: Any) -> Any:
+        b, c, p = self.b, self.c, f"blk.{il}."
+        logits = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp.weight"]))
+        ids, weights = route_top_k(logits, c.n_expert_used, c.norm_topk_prob)
+        experts = self.experts.layer(il)
+        if self.use_op:
+            out = b.moe_ffn(h, ids, weights, experts)
+        else:
+            out = moe_ffn_fallback(b, h, ids, weights, experts)
+        if not c.n_ff_shexp:
+            return out
+        gate = b.matmul(h, self.w[p + "ffn_gate_shexp.weight"])
+        up = b.matmul(h, self.w[p + "ffn_up_shexp.weight"])
+        shared = b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down_shexp.weight"])
+        score = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp_shexp.weight"])).reshape(-1, 1)
+        sigmoid = (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
+        return b.add(out, b.mul(shared, b.from_numpy(sigmoid)))
+
+
+@hookimpl
+def tessera_register_architectures(register):
+    register(MoEArchitecture())

@@ -1,0 +1,75 @@
+"""``tessera serve``: an OpenAI-compatible HTTP server over the slot engine.
+
+This entry module stays light: the command's flags and the route table are registered
+here, and Starlette, uvicorn and the handlers load only when a server starts.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from tessera.commands import Command
+from tessera.hookspecs import hookimpl
+from tessera.routes import ServerRoute
+
+TESSERA_PLUGIN_API = 1
+
+
+def _lazy(module: str, name: str) -> Callable[[Any], Any]:
+    async def endpoint(request: Any) -> Any:
+        handler = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return await handler(request)
+
+    endpoint.__name__ = name
+    return endpoint
+
+
+#: (path, module, handler, methods, public)
+_ROUTES = [
+    ("/health", "admin", "health", ("GET",), True),
+    ("/v1/health", "admin", "health", ("GET",), True),
+    ("/v1/models", "admin", "models", ("GET",), False),
+    ("/models", "admin", "models", ("GET",), False),
+    ("/props", "admin", "props", ("GET",), False),
+    ("/metrics", "admin", "metrics", ("GET",), False),
+    ("/tokenize", "admin", "tokenize", ("POST",), False),
+    ("/detokenize", "admin", "detokenize", ("POST",), False),
+    ("/slots", "admin", "slots", ("GET",), False),
+    ("/slots/{id_slot}", "admin", "slot_action", ("POST",), False),
+    ("/v1/completions", "completions", "completions", ("POST",), False),
+    ("/completions", "completions", "completions", ("POST",), False),
+    ("/v1/chat/completions", "chat_completions", "chat_completions", ("POST",), False),
+    ("/chat/completions", "chat_completions", "chat_completions", ("POST",), False),
+    ("/v1/embeddings", "embeddings", "embeddings", ("POST",), False),
+    ("/embeddings", "embeddings", "embeddings", ("POST",), False),
+    ("/v1/rerank", "embeddings", "rerank", ("POST",), False),
+    ("/rerank", "embeddings", "rerank", ("POST",), False),
+]
+
+
+@hookimpl
+def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
+    for path, module, name, methods, public in _ROUTES:
+        register(ServerRoute(path, _lazy(module, name), methods, public, name))
+
+
+def _add_arguments(parser: Any) -> None:
+    importlib.import_module(f"{__name__}.serve").add_arguments(parser)
+
+
+def _run(args: Any, runtime: Any) -> int:
+    return importlib.import_module(f"{__name__}.serve").run(args, runtime)
+
+
+@hookimpl
+def tessera_register_commands(register: Callable[[Command], None]) -> None:
+    register(
+        Command(
+            name="serve",
+            help="OpenAI-compatible server (default http://127.0.0.1:9931)",
+            add_arguments=_add_arguments,
+            run=_run,
+        )
+    )

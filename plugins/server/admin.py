@@ -1,0 +1,180 @@
+"""Server routes beside the OpenAI API: /health, /props, /metrics, /tokenize,
+/detokenize, /v1/models and the slots (/slots, /slots/{id_slot}?action=...)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+
+from tessera.errors import TesseraError
+from tessera.routes import ApiError, ServerState
+from tessera.slot_engine import slot_file_path
+from tessera.slot_types import SlotBusyError, SlotNotFoundError
+
+from .fields import Fields, read_json
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.tessera
+
+
+async def health(request: Request) -> Any:
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request) -> Any:
+    state = _state(request)
+    model = state.model
+    n_ctx = state.engine.ctx.n_ctx
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": int(state.started),
+                    "owned_by": "tessera",
+                    "context_length": n_ctx,
+                    "meta": {
+                        "n_ctx": n_ctx,
+                        "n_ctx_train": model.n_ctx_train,
+                        "n_vocab": model.n_vocab,
+                        "architecture": model.arch.names[0] if model.arch.names else "",
+                        "path": state.model_path,
+                    },
+                }
+            ],
+        }
+    )
+
+
+async def props(request: Request) -> Any:
+    from tessera.plugin_report import plugins_report
+
+    state = _state(request)
+    ctx = state.engine.ctx
+    backend = state.model.backend
+    return JSONResponse(
+        {
+            "model_path": state.model_path,
+            "model_alias": state.model_name,
+            "model_identity": state.model.identity,
+            "n_ctx": ctx.n_ctx,
+            "n_batch": ctx.params.n_batch,
+            "n_ubatch": ctx.n_ubatch,
+            "total_slots": len(state.engine.slots),
+            "backend": backend.name,
+            "dtype": backend.dtype,
+            "kv_path": ctx.kv_path,
+            "kv_path_reason": ctx.kv_path_reason,
+            "chat_template": state.chat_template or state.model.chat_template or "",
+            "slot_save_path": str(state.settings.slot_save_path or ""),
+            "plugins": plugins_report(state.runtime, probe=False)["plugins"],
+        }
+    )
+
+
+def _metric(lines: list[str], name: str, value: float, help_text: str, kind: str) -> None:
+    lines += [f"# HELP tessera:{name} {help_text}", f"# TYPE tessera:{name} {kind}"]
+    lines.append(f"tessera:{name} {value:g}")
+
+
+async def metrics(request: Request) -> Any:
+    """Prometheus text exposition of the engine's counters and gauges."""
+    state = _state(request)
+    engine, m = state.engine, state.engine.metrics
+    kv = engine.ctx.kv
+    busy = sum(1 for s in engine.slots if s.task is not None)
+    values = {
+        "prompt_tokens_total": (m.n_prompt_tokens, "Prompt tokens evaluated.", "counter"),
+        "prompt_tokens_cached_total": (
+            m.n_prompt_tokens_cached,
+            "Prompt tokens reused from a slot's cache.",
+            "counter",
+        ),
+        "tokens_predicted_total": (m.n_tokens_predicted, "Tokens generated.", "counter"),
+        "prompt_seconds_total": (m.t_prompt_ms / 1e3, "Prompt processing time.", "counter"),
+        "tokens_predicted_seconds_total": (m.t_generate_ms / 1e3, "Generation time.", "counter"),
+        "requests_total": (m.requests_total, "Requests accepted.", "counter"),
+        "requests_finished_total": (m.requests_finished, "Requests ended.", "counter"),
+        "requests_rejected_total": (m.requests_rejected, "Requests refused (busy).", "counter"),
+        "n_decode_total": (m.n_decode_calls, "Decode calls.", "counter"),
+        "n_batch_rows_total": (m.n_batch_rows, "Batch rows decoded.", "counter"),
+        "requests_processing": (busy, "Requests in a slot now.", "gauge"),
+        "requests_deferred": (engine.n_queued, "Requests waiting for a slot.", "gauge"),
+        "slots_total": (len(engine.slots), "Slots.", "gauge"),
+        "kv_cache_tokens": (kv.n_used, "KV cells in use.", "gauge"),
+        "kv_cache_usage_ratio": (kv.n_used / kv.n_ctx, "Share of KV cells in use.", "gauge"),
+    }
+    for source in state.metric_sources:
+        values.update(source())
+    lines: list[str] = []
+    for name, (value, help_text, kind) in values.items():
+        _metric(lines, name, value, help_text, kind)
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+async def tokenize(request: Request) -> Any:
+    state = _state(request)
+    f = Fields(await read_json(request))
+    content = f.required("content")
+    if not isinstance(content, str):
+        raise ApiError(400, "'content' must be a string", "content")
+    tok = state.tokenizer
+    ids = tok.encode(
+        content,
+        add_special=f.boolean("add_special", False),
+        parse_special=f.boolean("parse_special", True),
+    )
+    if f.boolean("with_pieces", False):
+        return JSONResponse({"tokens": [{"id": t, "piece": tok.token_to_piece(t)} for t in ids]})
+    return JSONResponse({"tokens": ids})
+
+
+async def detokenize(request: Request) -> Any:
+    state = _state(request)
+    f = Fields(await read_json(request))
+    ids = f.get("tokens", [])
+    n_vocab = state.tokenizer.n_vocab
+    if not isinstance(ids, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in ids
+    ):
+        raise ApiError(400, f"'tokens' must be a list of token ids in [0, {n_vocab})", "tokens")
+    return JSONResponse({"content": state.tokenizer.decode(ids)})
+
+
+async def slots(request: Request) -> Any:
+    return JSONResponse(_state(request).engine.slots_info())
+
+
+async def slot_action(request: Request) -> Any:
+    state = _state(request)
+    try:
+        id_slot = int(request.path_params["id_slot"])
+    except ValueError:
+        raise ApiError(400, "the slot id must be an integer") from None
+    action = request.query_params.get("action", "")
+    engine = state.engine
+    try:
+        if action == "erase":
+            return JSONResponse(engine.erase_slot(id_slot))
+        if action not in ("save", "restore"):
+            raise ApiError(400, f"unknown slot action {action!r}; use save, restore or erase")
+        if state.settings.slot_save_path is None:
+            raise ApiError(
+                501, "slot save/restore is off; start the server with --slot-save-path DIR"
+            )
+        filename = Fields(await read_json(request)).required("filename")
+        path = slot_file_path(state.settings.slot_save_path, filename)
+        if action == "save":
+            return JSONResponse(engine.save_slot(id_slot, path))
+        return JSONResponse(engine.restore_slot(id_slot, path))
+    except SlotNotFoundError as exc:
+        raise ApiError(404, str(exc)) from None
+    except SlotBusyError as exc:
+        raise ApiError(409, str(exc)) from None
+    except TesseraError as exc:
+        raise ApiError(400, str(exc)) from None

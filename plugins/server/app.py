@@ -1,0 +1,130 @@
+"""The ASGI app: the registered routes, the API key check, the body limit, error JSON."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from tessera.routes import ApiError, ServerRoute, ServerState
+
+log = logging.getLogger("tessera.server")
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def check_api_key(request: Request, api_key: str | None) -> None:
+    """Raise 401 unless the request carries ``Authorization: Bearer <api_key>``."""
+    if not api_key:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    # constant-time compare: a timing side channel must not leak the key
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), api_key.encode()
+    ):
+        raise ApiError(
+            401,
+            "invalid or missing API key; send 'Authorization: Bearer <key>' with the key "
+            "the server was started with (--api-key)",
+            code="invalid_api_key",
+        )
+
+
+def _guarded(route: ServerRoute) -> Any:
+    async def endpoint(request: Request) -> Any:
+        state: ServerState = request.app.state.tessera
+        if not route.public:
+            check_api_key(request, state.settings.api_key)
+        return await route.endpoint(request)
+
+    return endpoint
+
+
+class BodyLimit:
+    """ASGI middleware: answer 413 to bodies over ``max_bytes`` (declared or streamed)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._too_large(send)
+            return
+        seen = 0
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:  # a chunked body: the handler answers 413
+                    raise self._error()
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _error(self) -> ApiError:
+        return ApiError(
+            413,
+            f"the request body is larger than the server's limit of {self.max_bytes} bytes; "
+            "send less or start the server with a larger --max-body-mib",
+        )
+
+    async def _too_large(self, send: Any) -> None:
+        body = json.dumps(self._error().body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    message = {
+        404: f"no route {request.url.path}; see /v1/models, /v1/chat/completions, /health",
+        405: f"{request.method} is not allowed on {request.url.path}",
+    }.get(exc.status_code, str(exc.detail))
+    return error_response(ApiError(exc.status_code, message))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+
+def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any = None) -> Any:
+    """A Starlette app serving ``routes`` over ``state``, wrapped in the body limit."""
+    unique = {id(r): r for r in routes}.values()
+    app = Starlette(
+        routes=[
+            Route(r.path, _guarded(r), methods=list(r.methods), name=r.name or None) for r in unique
+        ],
+        exception_handlers={
+            ApiError: _api_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+        lifespan=lifespan,
+    )
+    app.state.tessera = state
+    return BodyLimit(app, state.settings.max_body_bytes)

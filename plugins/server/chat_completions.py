@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions: messages in, an assistant message of parts out.
+
+The model's text goes through :class:`tessera.chat_session.ChatSession`, which splits it
+into content, reasoning and tool calls (OpenAI's ``content``, ``reasoning_content`` and
+``tool_calls``), in the stream as in the whole answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from tessera.chat_session import ChatSession, chat_template
+from tessera.errors import TesseraError
+from tessera.routes import ApiError, ServerState
+
+from .fields import Fields, read_json
+from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
+from .openai_common import (
+    SSE_HEADERS,
+    generation_requests,
+    interleave,
+    logprob_entry,
+    max_tokens,
+    response_head,
+    sse,
+)
+
+
+def _session(state: ServerState, f: Fields) -> ChatSession:
+    messages = f.required("messages")
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        raise ApiError(
+            400, "'messages' must be a non-empty list of objects with a 'role'", "messages"
+        )
+    tok = state.tokenizer
+    tools = f.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list of tool objects", "tools")
+    try:
+        template = chat_template(
+            state.model.metadata,
+            state.chat_template,
+            tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
+            tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "",
+        )
+        return ChatSession(
+            template,
+            None,
+            messages,
+            tools=tools,
+            tool_choice=f.get("tool_choice"),
+            reasoning_format=f.get("reasoning_format", "auto"),
+            template_kwargs=f.obj("chat_template_kwargs"),
+        )
+    except TesseraError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def prompt_tokens(state: ServerState, text: str) -> list[int]:
+    """Tokens of a rendered chat prompt; a BOS the template wrote is not added twice."""
+    tok = state.tokenizer
+    bos = tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else ""
+    add_special = not (bos and text.startswith(bos))
+    return tok.encode(text, add_special=add_special, parse_special=True)
+
+
+async def chat_completions(request: Request) -> Any:
+    state: ServerState = request.app.state.tessera
+    f = Fields(await read_json(request))
+    n = f.integer("n", 1, 1, 16)
+    sessions = [_session(state, f) for _ in range(n)]
+    prompt = prompt_tokens(state, sessions[0].prompt())
+    want_logprobs = f.boolean("logprobs", False)
+    n_top = f.integer("top_logprobs", 0, 0, 20) if want_logprobs else -1
+    requests = generation_requests(f, state, prompt, n, max_tokens(f, state, -1), n_top)
+    runs = start_runs(state, requests, f.string_list("stop"))
+    head = response_head(state, "chat.completion", "chatcmpl")
+    if f.boolean("stream", False):
+        return StreamingResponse(
+            _stream(state, f, head, runs, sessions, want_logprobs),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    await run_all(request, runs)
+    choices = []
+    for i, (run, session) in enumerate(zip(runs, sessions, strict=True)):
+        session.feed(run.text)
+        result = session.finish()
+        logprobs = None
+        if want_logprobs:
+            logprobs = {"content": [logprob_entry(state, e) for e in run.tokens]}
+        choices.append(
+            {
+                "index": i,
+                "message": result.message(),
+                "logprobs": logprobs,
+                "finish_reason": result.finish_reason or run.finish_reason,
+            }
+        )
+    return JSONResponse(
+        {
+            **head,
+            "object": "chat.completion",
+            "choices": choices,
+            "usage": usage(runs),
+            "timings": timings(runs),
+        }
+    )
+
+
+def _stream(
+    state: ServerState,
+    f: Fields,
+    head: dict,
+    runs: list[ChoiceRun],
+    sessions: list[ChatSession],
+    want_logprobs: bool,
+):
+    head = {**head, "object": "chat.completion.chunk"}
+    include_usage = bool((f.obj("stream_options") or {}).get("include_usage"))
+    pending: list[list[dict]] = [[] for _ in runs]  # logprob entries not yet sent
+    called = [False] * len(runs)
+
+    def chunk(i: int, delta: dict, finish: str | None = None) -> dict:
+        logprobs = None
+        if want_logprobs and pending[i]:
+            logprobs, pending[i] = {"content": pending[i]}, []
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {**head, "choices": [choice]}
+
+    def deltas(i: int, ds: list[dict]) -> list[dict]:
+        called[i] = called[i] or any("tool_calls" in d for d in ds)
+        return [chunk(i, d) for d in ds]
+
+    def on_piece(i: int, piece: Piece) -> list[dict]:
+        if want_logprobs and piece.token is not None:
+            pending[i].append(logprob_entry(state, piece.token))
+        return deltas(i, sessions[i].feed(piece.text))
+
+    def on_end(i: int) -> list[dict]:
+        out = deltas(i, sessions[i].finish().deltas)
+        reason = "tool_calls" if called[i] else runs[i].finish_reason
+        return [*out, chunk(i, {}, reason)]
+
+    def tail() -> list[dict]:
+        return [{**head, "choices": [], "usage": usage(runs)}] if include_usage else []
+
+    async def events():
+        # the first chunk of each choice carries the role, as OpenAI's do
+        for i in range(len(runs)):
+            yield sse(chunk(i, {"role": "assistant", "content": ""}))
+        async for data in interleave(runs, on_piece, on_end, tail):
+            yield data
+
+    return events()

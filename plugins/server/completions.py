@@ -1,0 +1,116 @@
+"""POST /v1/completions: OpenAI's legacy text completions (prompt in, text out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+
+from tessera.routes import ApiError, ServerState
+
+from .fields import Fields, read_json
+from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
+from .openai_common import (
+    SSE_HEADERS,
+    generation_requests,
+    interleave,
+    max_tokens,
+    response_head,
+)
+
+
+def prompts_of(state: ServerState, prompt: Any) -> list[list[int]]:
+    """OpenAI's prompt forms: a string, token ids, or a list of either."""
+    tok = state.tokenizer
+
+    def one(p: Any) -> list[int]:
+        if isinstance(p, str):
+            return tok.encode(p, add_special=True, parse_special=True)
+        if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+            return list(p)
+        raise ApiError(400, "'prompt' must be a string, token ids, or a list of them", "prompt")
+
+    if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        return [one(p) for p in prompt]
+    return [one(prompt)]
+
+
+def _logprobs(state: ServerState, run: ChoiceRun, offset: int = 0) -> dict[str, Any]:
+    """The legacy ``logprobs`` object: tokens, their logprobs, top alternatives, offsets."""
+    tok = state.tokenizer
+    pieces = [tok.token_to_piece(e.token) for e in run.tokens]
+    offsets, at = [], offset
+    for p in pieces:
+        offsets.append(at)
+        at += len(p)
+    return {
+        "tokens": pieces,
+        "token_logprobs": [e.logprob for e in run.tokens],
+        "top_logprobs": [
+            {tok.token_to_piece(t): lp for t, lp in e.top_logprobs} for e in run.tokens
+        ],
+        "text_offset": offsets,
+    }
+
+
+async def completions(request: Request) -> Any:
+    state: ServerState = request.app.state.tessera
+    f = Fields(await read_json(request))
+    prompts = prompts_of(state, f.required("prompt"))
+    n = f.integer("n", 1, 1, 16)
+    logprobs = f.integer("logprobs", None, 0, 20)
+    n_predict = max_tokens(f, state, default=16)
+    stream = f.boolean("stream", False)
+    n_top = -1 if logprobs is None else logprobs
+    requests = [
+        req for p in prompts for req in generation_requests(f, state, p, n, n_predict, n_top)
+    ]
+    runs = start_runs(state, requests, f.string_list("stop"))
+    head = response_head(state, "text_completion", "cmpl")
+    if stream:
+        include_usage = bool((f.obj("stream_options") or {}).get("include_usage"))
+
+        def on_piece(i: int, piece: Piece) -> list[dict]:
+            if not piece.text:
+                return []
+            choice = {"index": i, "text": piece.text, "logprobs": None, "finish_reason": None}
+            return [{**head, "choices": [choice]}]
+
+        def on_end(i: int) -> list[dict]:
+            reason = runs[i].finish_reason
+            choice = {"index": i, "text": "", "logprobs": None, "finish_reason": reason}
+            return [{**head, "choices": [choice]}]
+
+        def tail() -> list[dict]:
+            return [{**head, "choices": [], "usage": _usage(runs, n)}] if include_usage else []
+
+        return StreamingResponse(
+            interleave(runs, on_piece, on_end, tail),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    await run_all(request, runs)
+    choices = [
+        {
+            "index": i,
+            "text": r.text,
+            "logprobs": None if logprobs is None else _logprobs(state, r),
+            "finish_reason": r.finish_reason,
+        }
+        for i, r in enumerate(runs)
+    ]
+    return JSONResponse(
+        {**head, "choices": choices, "usage": _usage(runs, n), "timings": timings(runs)}
+    )
+
+
+def _usage(runs: list[ChoiceRun], n: int) -> dict[str, Any]:
+    """Usage summed over prompts (each prompt counted once, whatever n)."""
+    per_prompt = [usage(runs[i : i + n]) for i in range(0, len(runs), n)]
+    total = {k: sum(u[k] for u in per_prompt) for k in ("prompt_tokens", "completion_tokens")}
+    total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
+    total["prompt_tokens_details"] = {
+        "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in per_prompt)
+    }
+    return total

@@ -1,0 +1,106 @@
+"""POST /v1/embeddings and /v1/rerank over :class:`tessera.embedding.Embedder`.
+
+The embedder has its own context, so these requests never touch the slots or their
+prompt cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from tessera.errors import ContextOverflowError, TesseraError
+from tessera.routes import ApiError, ServerState
+
+from .fields import Fields, read_json
+
+
+def _embedder(state: ServerState) -> Any:
+    try:
+        from tessera.embedding import Embedder
+    except ImportError:
+        raise ApiError(501, "this build of tessera has no embedding engine") from None
+    if state.embedder is None:
+        try:
+            state.embedder = Embedder(state.model)
+        except TesseraError as exc:
+            raise ApiError(501, f"embeddings are not available for this model: {exc}") from None
+    return state.embedder
+
+
+def _inputs(state: ServerState, value: Any) -> list[list[int]]:
+    tok = state.tokenizer
+    if isinstance(value, str):
+        value = [value]
+    elif isinstance(value, list) and value and all(isinstance(t, int) for t in value):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, "'input' must be a string, token ids, or a non-empty list", "input")
+    out = []
+    for item in value:
+        if isinstance(item, str):
+            out.append(tok.encode(item, add_special=True, parse_special=False))
+        elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+            out.append(list(item))
+        else:
+            raise ApiError(400, "each input must be a string or a list of token ids", "input")
+    return out
+
+
+async def embeddings(request: Request) -> Any:
+    state: ServerState = request.app.state.tessera
+    f = Fields(await read_json(request))
+    inputs = _inputs(state, f.required("input"))
+    dims = f.integer("dimensions", None, 1)
+    encoding = f.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, "'encoding_format' must be float or base64", "encoding_format")
+    embedder = _embedder(state)
+    try:
+        vectors = await asyncio.to_thread(embedder.embed, inputs, dims)
+    except ContextOverflowError as exc:
+        raise ApiError(400, str(exc), code="context_length_exceeded") from None
+    except TesseraError as exc:
+        raise ApiError(400, str(exc)) from None
+    data = []
+    for i, v in enumerate(vectors):
+        emb: Any = v.astype("<f4").tolist()
+        if encoding == "base64":
+            emb = base64.b64encode(v.astype("<f4").tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    n_tokens = sum(len(t) for t in inputs)
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": state.model_name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+        }
+    )
+
+
+async def rerank(request: Request) -> Any:
+    state: ServerState = request.app.state.tessera
+    f = Fields(await read_json(request))
+    query = f.required("query")
+    documents = f.required("documents")
+    if not isinstance(query, str):
+        raise ApiError(400, "'query' must be a string", "query")
+    if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
+        raise ApiError(400, "'documents' must be a list of strings", "documents")
+    top_n = f.integer("top_n", len(documents), 1)
+    embedder = _embedder(state)
+    try:
+        scores = await asyncio.to_thread(embedder.rerank, query, documents)
+    except TesseraError as exc:
+        raise ApiError(400, str(exc)) from None
+    order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))[:top_n]
+    results = [{"index": i, "relevance_score": float(scores[i])} for i in order]
+    if f.boolean("return_documents", False):
+        for r in results:
+            r["document"] = {"text": documents[r["index"]]}
+    return JSONResponse({"model": state.model_name, "results": results})

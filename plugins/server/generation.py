@@ -1,0 +1,167 @@
+"""Running completions in the slot engine from async handlers: one :class:`ChoiceRun` per
+choice, turning engine events into text pieces (stop strings applied) and usage numbers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import attrs
+from starlette.requests import Request
+
+from tessera.errors import ContextOverflowError, TesseraError
+from tessera.routes import ApiError, ServerState
+from tessera.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
+from tessera.stop_strings import StopStringMatcher
+from tessera.tokenizer import StreamDecoder
+
+#: engine finish reasons as OpenAI spells them ("cancelled" only happens on a stop string
+#: here: a disconnected client gets no answer at all)
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
+
+
+@attrs.define
+class Piece:
+    """Text now safe to send, with the token that completed it (None for held-back text)."""
+
+    text: str
+    token: TokenEvent | None
+
+
+class ChoiceRun:
+    """One generation in the engine, read as pieces of text."""
+
+    def __init__(
+        self, state: ServerState, request: GenerationRequest, stops: Sequence[str]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._tokenizer = state.tokenizer
+        self._decoder = StreamDecoder(state.tokenizer)
+        try:
+            self._stops = StopStringMatcher(stops)
+        except TesseraError as exc:
+            raise ApiError(400, str(exc), param="stop") from None
+        self.finish: FinishEvent | None = None
+        self.finish_reason: str | None = None
+        self.text = ""
+        self.tokens: list[TokenEvent] = []
+        n_prompt, n_ctx = len(request.prompt), state.engine.ctx.n_ctx
+        try:
+            self.task = state.engine.submit(
+                request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event)
+            )
+        except ContextOverflowError as exc:
+            raise ApiError(
+                400,
+                f"{exc} (prompt: {n_prompt} tokens, context: {n_ctx} tokens)",
+                code="context_length_exceeded",
+            ) from None
+        except EngineBusyError as exc:
+            raise ApiError(503, str(exc)) from None
+        except TesseraError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Pieces until the end; then :attr:`finish` and :attr:`finish_reason` are set."""
+        stopped = False
+        while True:
+            event = await self._events.get()
+            if isinstance(event, FinishEvent):
+                self.finish = event
+                if not stopped:
+                    self.finish_reason = _FINISH[event.reason]
+                    tail = self._stops.feed(self._decoder.flush()).text + self._stops.flush()
+                    if tail:
+                        self.text += tail
+                        yield Piece(tail, None)
+                return
+            if stopped:
+                continue  # tokens that raced the cancel
+            self.tokens.append(event)
+            check = self._stops.feed(self._decoder.feed(event.token))
+            self.text += check.text
+            yield Piece(check.text, event)  # text may be "": held back, or a stop
+            if check.stopped:
+                stopped, self.finish_reason = True, "stop"
+                self.task.cancel()
+
+    async def run(self) -> str:
+        """Read to the end; the whole text."""
+        async for _ in self.pieces():
+            pass
+        return self.text
+
+
+def start_runs(
+    state: ServerState, requests: Sequence[GenerationRequest], stops: Sequence[str]
+) -> list[ChoiceRun]:
+    """Submit every request; if one is refused, cancel those already queued."""
+    runs: list[ChoiceRun] = []
+    try:
+        for req in requests:
+            runs.append(ChoiceRun(state, req, stops))
+    except BaseException:
+        for r in runs:
+            r.cancel()
+        raise
+    return runs
+
+
+def usage(runs: Sequence[ChoiceRun]) -> dict[str, Any]:
+    """OpenAI ``usage``: the prompt counted once, completions summed over choices."""
+    first = runs[0].finish
+    completion = sum(r.finish.n_generated for r in runs if r.finish)
+    return {
+        "prompt_tokens": first.n_prompt,
+        "completion_tokens": completion,
+        "total_tokens": first.n_prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": first.n_cached},
+    }
+
+
+def timings(runs: Sequence[ChoiceRun]) -> dict[str, Any]:
+    """llama.cpp's ``timings`` extension: what the first choice evaluated and how fast."""
+    f = runs[0].finish
+    n_eval = f.n_prompt - f.n_cached
+    return {
+        "cache_n": f.n_cached,
+        "prompt_n": n_eval,
+        "prompt_ms": f.t_prompt_ms,
+        "prompt_per_second": n_eval / f.t_prompt_ms * 1e3 if f.t_prompt_ms else 0.0,
+        "predicted_n": f.n_generated,
+        "predicted_ms": f.t_generate_ms,
+        "predicted_per_second": f.n_generated / f.t_generate_ms * 1e3 if f.t_generate_ms else 0.0,
+    }
+
+
+def check_errors(runs: Sequence[ChoiceRun]) -> None:
+    for r in runs:
+        if r.finish is not None and r.finish.reason == "error":
+            raise ApiError(500, r.finish.error or "generation failed")
+
+
+async def cancel_on_disconnect(request: Request, runs: Sequence[ChoiceRun]) -> None:
+    """Wait for the client to go away, then cancel ``runs`` (frees their slots at once)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            for r in runs:
+                r.cancel()
+            return
+
+
+async def run_all(request: Request, runs: Sequence[ChoiceRun]) -> None:
+    """Run every choice to its end, cancelling them all if the client disconnects."""
+    watcher = asyncio.create_task(cancel_on_disconnect(request, runs))
+    try:
+        await asyncio.gather(*(r.run() for r in runs))
+    finally:
+        watcher.cancel()
+        for r in runs:
+            r.cancel()  # no-op for finished ones; frees the slot if we were cancelled
+    check_errors(runs)

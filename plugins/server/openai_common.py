@@ -1,0 +1,175 @@
+"""What /v1/completions and /v1/chat/completions share: sampling fields, the generation
+request of each choice, logprob entries, and the SSE stream that interleaves choices."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from tessera.errors import TesseraError
+from tessera.routes import ApiError, ServerState
+from tessera.sampling import SamplerParams
+from tessera.slot_types import GenerationRequest, TokenEvent
+
+from .fields import Fields
+from .generation import ChoiceRun, Piece
+
+_DEFAULTS = SamplerParams()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def response_head(state: ServerState, object_name: str, prefix: str) -> dict[str, Any]:
+    return {
+        "id": new_id(prefix),
+        "object": object_name,
+        "created": int(time.time()),
+        "model": state.model_name,
+        "system_fingerprint": f"tessera-{state.model.identity[:12]}",
+    }
+
+
+def sampler_params(f: Fields, choice: int) -> SamplerParams:
+    """OpenAI's sampling fields plus llama.cpp's (top_k, min_p, repeat_penalty)."""
+    seed = f.integer("seed", None)
+    try:
+        return SamplerParams(
+            temperature=f.number("temperature", _DEFAULTS.temperature, 0.0, 2.0),
+            top_p=f.number("top_p", _DEFAULTS.top_p, 0.0, 1.0),
+            top_k=f.integer("top_k", _DEFAULTS.top_k, 0),
+            min_p=f.number("min_p", _DEFAULTS.min_p, 0.0, 1.0),
+            repeat_penalty=f.number("repeat_penalty", _DEFAULTS.repeat_penalty, 0.0),
+            repeat_last_n=f.integer("repeat_last_n", _DEFAULTS.repeat_last_n, 0),
+            # each of n choices draws its own stream, reproducibly when a seed is given
+            seed=None if seed is None else seed + choice,
+        )
+    except TesseraError as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def max_tokens(f: Fields, state: ServerState, default: int) -> int:
+    """max_completion_tokens, max_tokens or n_predict (-1: until the context is full),
+    clamped by the server's --max-tokens-cap."""
+    value = f.integer("max_completion_tokens", None, 1)
+    if value is None:
+        value = f.integer("max_tokens", None, 1)
+    if value is None:
+        value = f.integer("n_predict", default, -1)
+    cap = state.settings.max_tokens_cap
+    if cap >= 0 and (value < 0 or value > cap):
+        value = cap
+    return value
+
+
+def json_constraint(f: Fields, state: ServerState) -> Callable[[], Any] | None:
+    """The constraint factory ``response_format`` asks for (None for plain text)."""
+    fmt = f.obj("response_format")
+    kind = (fmt or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind not in ("json_object", "json_schema"):
+        raise ApiError(
+            400,
+            f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+            param="response_format",
+        )
+    from tessera.json_constraint import constraint_factory
+
+    try:
+        return constraint_factory(state.tokenizer, fmt)
+    except TesseraError as exc:
+        raise ApiError(400, str(exc), param="response_format") from None
+
+
+def generation_requests(
+    f: Fields, state: ServerState, prompt: Sequence[int], n: int, n_predict: int, logprobs: int
+) -> list[GenerationRequest]:
+    constraint = json_constraint(f, state)
+    id_slot = f.integer("id_slot", -1, -1)
+    cache_prompt = f.boolean("cache_prompt", True)
+    return [
+        GenerationRequest(
+            prompt=prompt,
+            max_tokens=n_predict,
+            sampler=sampler_params(f, i),
+            logprobs=logprobs if logprobs >= 0 else None,
+            id_slot=id_slot if n == 1 else -1,
+            cache_prompt=cache_prompt,
+            constraint=constraint,
+            ignore_eos=f.boolean("ignore_eos", False),
+        )
+        for i in range(n)
+    ]
+
+
+def logprob_entry(state: ServerState, event: TokenEvent) -> dict[str, Any]:
+    """One chat ``logprobs.content`` entry (token text, logprob, bytes, alternatives)."""
+    tok = state.tokenizer
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = tok.token_to_bytes(token)
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+        }
+
+    entry = one(event.token, event.logprob)
+    entry["top_logprobs"] = [one(t, lp) for t, lp in event.top_logprobs]
+    return entry
+
+
+def sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def interleave(
+    runs: Sequence[ChoiceRun],
+    on_piece: Callable[[int, Piece], list[dict]],
+    on_end: Callable[[int], list[dict]],
+    tail: Callable[[], list[dict]],
+) -> AsyncIterator[bytes]:
+    """The SSE stream of several choices: their chunks in the order they come, then
+    ``tail()`` (usage) and ``[DONE]``. Leaving early (a disconnect) cancels every choice."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, run: ChoiceRun) -> None:
+        try:
+            async for piece in run.pieces():
+                await queue.put((i, piece))
+        finally:
+            await queue.put((i, None))
+
+    pumps = [asyncio.create_task(pump(i, r)) for i, r in enumerate(runs)]
+    try:
+        remaining = len(runs)
+        while remaining:
+            i, piece = await queue.get()
+            if piece is None:
+                remaining -= 1
+                run = runs[i]
+                if run.finish is not None and run.finish.reason == "error":
+                    yield sse(ApiError(500, run.finish.error or "generation failed").body())
+                    continue
+                for chunk in on_end(i):
+                    yield sse(chunk)
+            else:
+                for chunk in on_piece(i, piece):
+                    yield sse(chunk)
+        for chunk in tail():
+            yield sse(chunk)
+        yield b"data: [DONE]\n\n"
+    finally:
+        for p in pumps:
+            p.cancel()
+        for r in runs:
+            r.cancel()
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -1,0 +1,140 @@
+"""``tessera serve``: flags, building the server, and running it under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from tessera.cli_common import add_model_arguments, context_from_args, load_model_from_args
+from tessera.errors import TesseraError
+from tessera.routes import ServerSettings, ServerState
+from tessera.slot_engine import SlotEngine
+
+log = logging.getLogger("tessera.server")
+
+DEFAULT_PORT = 9931  # llama.cpp 0.7.0's default
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.set_defaults(parallel=4)
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 9931)")
+    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    g.add_argument("-a", "--alias", default="", help="model name shown to clients")
+    g.add_argument("--chat-template", default=None, help="Jinja chat template (text or file)")
+    g.add_argument("--slot-save-path", default=None, help="directory for slot save/restore files")
+    g.add_argument(
+        "--max-body-mib", type=float, default=1.0, help="largest request body (MiB, 413 above)"
+    )
+    g.add_argument(
+        "--max-tokens-cap", type=int, default=-1, help="upper bound on any request's max_tokens"
+    )
+    g.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait for a slot (503 above)"
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=10.0,
+        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled",
+    )
+
+
+def _chat_template(value: str | None) -> str | None:
+    if value and Path(value).is_file():
+        return Path(value).read_text(encoding="utf-8")
+    return value
+
+
+def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
+    """Load the model, make the context and the slot engine (not started)."""
+    model = load_model_from_args(args, runtime)
+    if model.tokenizer is None:
+        raise TesseraError(f"'{model.path}' has no tokenizer; serve a model with a vocabulary")
+    ctx = context_from_args(args, model)
+    settings = ServerSettings(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        max_body_bytes=int(args.max_body_mib * (1 << 20)),
+        max_tokens_cap=args.max_tokens_cap,
+        slot_save_path=Path(args.slot_save_path) if args.slot_save_path else None,
+        alias=args.alias,
+    )
+    if settings.slot_save_path is not None:
+        settings.slot_save_path.mkdir(parents=True, exist_ok=True)
+    engine = SlotEngine(ctx, eog_ids=model.tokenizer.eog_ids, max_queue=args.max_queue)
+    return ServerState(
+        runtime=runtime,
+        settings=settings,
+        model=model,
+        model_path=str(model.path),
+        tokenizer=model.tokenizer,
+        engine=engine,
+        chat_template=_chat_template(args.chat_template),
+    )
+
+
+def build_app(state: ServerState, runtime: Any) -> Any:
+    """The ASGI app over every registered route; the engine runs while the app does."""
+    from .app import build_app as assemble
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        state.engine.start()
+        try:
+            yield
+        finally:
+            state.engine.stop()  # cancels what is still running; slot files are atomic
+
+    return assemble(state, runtime.routes().values(), lifespan)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or one clear error naming the address and the way out."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise TesseraError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pass another --port or --host"
+        ) from None
+    sock.listen(128)
+    return sock
+
+
+def server(app: Any, shutdown_timeout: float = 10.0) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=shutdown_timeout,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def run(args: argparse.Namespace, runtime: Any) -> int:
+    sock = bind(args.host, args.port)
+    state = build_state(args, runtime)
+    app = build_app(state, runtime)
+    host, port = sock.getsockname()[:2]
+    print(
+        f"tessera serve: http://{host}:{port} ({state.model_name}, {len(state.engine.slots)} "
+        "slots)",
+        file=sys.stderr,
+        flush=True,
+    )
+    server(app, args.shutdown_timeout).run(sockets=[sock])
+    return 0
