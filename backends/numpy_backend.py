@@ -25,7 +25,7 @@ class NumpyBackend(Backend):
     def supports(self, op: str, **attrs: Any) -> bool:
         # attention_rows is implemented as a reference but declined: numpy contexts always
         # run the dense-mask fallback, so that path stays exercised by every numpy test.
-        return op in CORE_OPS or op in ("rope_ext", "tanh", "gelu_erf", "moe_ffn")
+        return op in CORE_OPS or op in ("rope_ext", "tanh", "gelu_erf", "moe_ffn", "linear")
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
         a = np.asarray(a)
@@ -104,6 +104,9 @@ class NumpyBackend(Backend):
 
     def tanh(self, x):
         return np.tanh(x)
+
+    def linear(self, x, w, bias):
+        return self.matmul(x, w) + bias
 
     def gelu_erf(self, x):
         erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; exact in f64

@@ -223,6 +223,11 @@ class TorchBackend(Backend):
     def gelu_erf(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x)
 
+    def linear(self, x: torch.Tensor, w: Any, bias: torch.Tensor) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return F.linear(x, w, bias)  # one addmm: the bias rides along
+        return w.matmul(x) + bias
+
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]

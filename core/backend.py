@@ -52,6 +52,7 @@ OPTIONAL_OPS = (
     "tanh",
     "gelu_erf",
     "moe_ffn",
+    "linear",
 )
 
 
@@ -266,6 +267,15 @@ class Backend(ABC):
         declines, and architectures fall back to :meth:`gelu` (llama.cpp's tanh form).
         """
         raise NotImplementedError(f"backend {self.name} does not implement gelu_erf")
+
+    def linear(self, x: Any, w: Any, bias: Any) -> Any:
+        """Optional: ``matmul(x, w) + bias`` in one op (a dense layer with a bias, as in BERT).
+
+        Same result as :meth:`matmul` then :meth:`add`, without a second pass over the
+        output. Backends that implement it answer True to ``supports("linear")``; the
+        default declines and architectures call the two ops.
+        """
+        raise NotImplementedError(f"backend {self.name} does not implement linear")
 
     def moe_ffn(
         self, x: Any, expert_ids: np.ndarray, expert_weights: np.ndarray, experts: Any

@@ -37,11 +37,25 @@ from typing import Any, Literal
 
 import attrs
 
-from tessera.chat import ChatTemplate
-from tessera.chat_format import ChatFormat, ReasoningMarkers, detect_chat_format, partial_suffix
+from tessera.chat import ChatTemplate, ChatTemplateError
+from tessera.chat_format import ChatFormat, ReasoningMarkers, detect_chat_format
+from tessera.chat_parser import AnswerParser, Delta, Part, ReasoningPart, TextPart, ToolCallPart
 from tessera.errors import TesseraError
+from tessera.tool_calls import openai_call_id
 
-Delta = dict[str, Any]
+__all__ = [
+    "ChatRequestError",
+    "ChatResult",
+    "ChatSession",
+    "Delta",
+    "NoChatTemplateError",
+    "Part",
+    "ReasoningPart",
+    "TextPart",
+    "ToolCallPart",
+    "chat_template",
+    "has_own_chat_template",
+]
 REASONING_FORMATS = ("auto", "deepseek", "none")
 
 
@@ -51,33 +65,6 @@ class NoChatTemplateError(TesseraError):
 
 class ChatRequestError(TesseraError):
     """A chat request's options are invalid (tool_choice, reasoning_format, tools)."""
-
-
-@attrs.frozen
-class TextPart:
-    text: str
-
-
-@attrs.frozen
-class ReasoningPart:
-    text: str
-
-
-@attrs.frozen
-class ToolCallPart:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI's ``function.arguments``
-
-    def to_openai(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-Part = TextPart | ReasoningPart | ToolCallPart
 
 
 @attrs.frozen
@@ -141,9 +128,22 @@ def chat_template(
     return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token)
 
 
-def _history_for_template(messages: list[dict]) -> list[dict]:
-    # OpenAI sends tool-call arguments as JSON text; templates expect the object (Qwen2.5 and
-    # Mistral apply tojson to it), so hand them the parsed object when it is one
+def _render(
+    template: ChatTemplate, messages: list[dict], tools: list[dict] | None, extra: dict
+) -> str:
+    # OpenAI sends tool-call arguments as JSON text; most templates expect the object (Qwen2.5
+    # and Mistral apply tojson to it), a few join it to strings (DeepSeek-R1-Distill-Llama):
+    # try the object first and fall back to the text as sent
+    with_objects = _with_object_arguments(messages)
+    if with_objects == messages:
+        return template.render(messages, tools=tools, **extra)
+    try:
+        return template.render(with_objects, tools=tools, **extra)
+    except ChatTemplateError:
+        return template.render(messages, tools=tools, **extra)
+
+
+def _with_object_arguments(messages: list[dict]) -> list[dict]:
     out = []
     for message in messages:
         calls = message.get("tool_calls") if isinstance(message, dict) else None
@@ -177,8 +177,28 @@ def _check_tool_choice(tool_choice: Any) -> None:
     )
 
 
+def _check_tools(tools: Any) -> None:
+    if tools is None:
+        return
+    for tool in tools if isinstance(tools, list) else [None]:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatRequestError(
+                f"tools entry {tool!r} is not a function tool; give each as "
+                '{"type": "function", "function": {"name": ..., "parameters": {...}}}'
+            )
+
+
 class ChatSession:
-    """Renders one chat request's prompt and parses the answer as it streams."""
+    """Renders one chat request's prompt and parses the answer as it streams.
+
+    ``tool_choice``: ``"none"`` keeps the tools out of the prompt and parses no calls;
+    ``"required"`` and a named function are accepted but not enforced (no grammar yet), the
+    model is only offered the tools. ``reasoning_format``: ``"auto"``/``"deepseek"`` move
+    reasoning into ``reasoning_content``, ``"none"`` leaves it in the content, tags and all.
+    ``template_kwargs`` become template variables (``enable_thinking``, llama.cpp's
+    ``chat_template_kwargs``). ``id_factory`` makes tool-call ids (tests make them predictable).
+    """
 
     def __init__(
         self,
@@ -197,29 +217,24 @@ class ChatSession:
                 + ", ".join(REASONING_FORMATS)
             )
         _check_tool_choice(tool_choice)
+        _check_tools(tools)
         self.format = fmt if fmt is not None else detect_chat_format(template.source)
         # tool_choice "none": the model is not told about the tools, and nothing is parsed
         offered = tools if tools and tool_choice != "none" else None
         self.tool_syntax = self.format.tool_syntax if offered else None
-        self.tool_names = frozenset(t.get("function", {}).get("name") for t in offered or ())
+        self.tool_names = frozenset(t["function"]["name"] for t in offered or ())
         self.reasoning: ReasoningMarkers | None = (
             self.format.reasoning if reasoning_format != "none" else None
         )
-        self._prompt = template.render(
-            _history_for_template(messages), tools=offered, **dict(template_kwargs or {})
+        self._prompt = _render(template, messages, offered, dict(template_kwargs or {}))
+        reasoning_open = self.reasoning is not None and self._prompt.rstrip().endswith(
+            self.reasoning.start
         )
-        self._new_id = id_factory or (self.tool_syntax.new_id if self.tool_syntax else None)
-        self._state = "content"
-        if self.reasoning is not None and self._prompt.rstrip().endswith(self.reasoning.start):
-            self._state = "reasoning"
-        self._buffer = ""
-        self._marker = ""  # the start marker of the tool call being collected
-        self._blanks = ""  # the blanks before it
-        self._strip_leading = self._state == "reasoning"
-        self._at_boundary = True
-        self._parts: list[list] = []  # [kind, text or ToolCallPart]
-        self._n_calls = 0
-        self._finished = False
+        new_id = id_factory or (self.tool_syntax.new_id if self.tool_syntax else openai_call_id)
+        self._parser = AnswerParser(
+            self.reasoning, self.tool_syntax, self.tool_names, new_id, reasoning_open
+        )
+        self._result: ChatResult | None = None
 
     def prompt(self) -> str:
         """The rendered prompt, ending with the template's cue for the assistant."""
@@ -227,124 +242,13 @@ class ChatSession:
 
     def feed(self, text: str) -> list[Delta]:
         """Take the next piece of generated text; return the deltas now safe to send."""
-        if self._finished:
+        if self._result is not None:
             raise RuntimeError("feed() after finish()")
-        self._buffer += text
-        deltas: list[Delta] = []
-        while self._step(deltas, final=False):
-            pass
-        return deltas
+        return self._parser.feed(text)
 
     def finish(self) -> ChatResult:
         """End of generation: flush what was held back and return the parsed answer."""
-        deltas: list[Delta] = []
-        if not self._finished:
-            self._finished = True
-            while self._step(deltas, final=True):
-                pass
-        parts = [p[1] if p[0] == "tool" else _PART_TYPES[p[0]](p[1]) for p in self._parts]
-        return ChatResult(parts=parts, deltas=deltas)
-
-    # one state-machine step; True while it made progress and may make more
-    def _step(self, deltas: list[Delta], final: bool) -> bool:
-        if self._state == "reasoning":
-            return self._step_reasoning(deltas, final)
-        if self._state == "tool":
-            return self._step_tool(deltas, final)
-        return self._step_content(deltas, final)
-
-    def _step_content(self, deltas: list[Delta], final: bool) -> bool:
-        buf = self._buffer
-        starts = []
-        if self.reasoning is not None and self.reasoning.start in buf:
-            starts.append((buf.find(self.reasoning.start), len(self.reasoning.start), "reasoning"))
-        if self.tool_syntax is not None:
-            found = self.tool_syntax.find_start(buf, self._at_boundary)
-            if found is not None:
-                starts.append((*found, "tool"))
-        if starts:
-            pos, length, state = min(starts)
-            before = buf[:pos].rstrip()
-            self._emit("content", before, deltas)
-            self._blanks = buf[len(before) : pos]  # given back if the call does not parse
-            self._marker = buf[pos : pos + length]
-            self._buffer = buf[pos + length :]
-            self._state = state
-            self._strip_leading = state == "reasoning"
-            return True
-        if final:
-            self._emit("content", buf, deltas)
-            self._buffer = ""
-            return False
-        hold = 0
-        if self.reasoning is not None:
-            hold = partial_suffix(buf, (self.reasoning.start,))
-        if self.tool_syntax is not None:
-            hold = max(hold, self.tool_syntax.held_back(buf, self._at_boundary))
-        # blanks wait too: they are dropped if a marker follows them
-        safe = len(buf[: len(buf) - hold].rstrip())
-        self._emit("content", buf[:safe], deltas)
-        self._buffer = buf[safe:]
-        return False
-
-    def _step_reasoning(self, deltas: list[Delta], final: bool) -> bool:
-        buf, end = self._buffer, self.reasoning.end  # type: ignore[union-attr]
-        pos = buf.find(end)
-        if pos >= 0:
-            self._emit("reasoning", buf[:pos].rstrip(), deltas)
-            self._buffer = buf[pos + len(end) :]
-            self._state = "content"
-            self._strip_leading = True
-            return True
-        if final:
-            self._emit("reasoning", buf.rstrip(), deltas)
-            self._buffer = ""
-            return False
-        safe = len(buf[: len(buf) - partial_suffix(buf, (end,))].rstrip())
-        self._emit("reasoning", buf[:safe], deltas)
-        self._buffer = buf[safe:]
-        return False
-
-    def _step_tool(self, deltas: list[Delta], final: bool) -> bool:
-        syntax, body = self.tool_syntax, self._buffer
-        end = syntax.find_end(body)  # type: ignore[union-attr]
-        if end is None and not final:
-            return False
-        if end is None:
-            end = len(body)
-        raw = body[:end]
-        calls = syntax.parse(raw, self.tool_names)  # type: ignore[union-attr]
-        self._buffer = body[end:]
-        self._state = "content"
-        if calls is None:
-            self._emit("content", self._blanks + self._marker + raw, deltas)
-        else:
-            for name, arguments, call_id in calls:
-                part = ToolCallPart(id=call_id or self._new_id(), name=name, arguments=arguments)
-                self._parts.append(["tool", part])
-                deltas.append({"tool_calls": [{"index": self._n_calls, **part.to_openai()}]})
-                self._n_calls += 1
-            self._at_boundary = True
-            self._strip_leading = True
-        return bool(self._buffer) or final
-
-    def _emit(self, kind: str, text: str, deltas: list[Delta]) -> None:
-        if self._strip_leading:
-            text = text.lstrip()
-        if not text:
-            return
-        self._strip_leading = False
-        if kind == "content":
-            self._at_boundary = False
-        if self._parts and self._parts[-1][0] == kind:
-            self._parts[-1][1] += text
-        else:
-            self._parts.append([kind, text])
-        key = "content" if kind == "content" else "reasoning_content"
-        if deltas and key in deltas[-1]:
-            deltas[-1][key] += text
-        else:
-            deltas.append({key: text})
-
-
-_PART_TYPES: dict[str, type] = {"content": TextPart, "reasoning": ReasoningPart}
+        if self._result is None:
+            parts, deltas = self._parser.finish()
+            self._result = ChatResult(parts=parts, deltas=deltas)
+        return self._result

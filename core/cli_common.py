@@ -7,6 +7,8 @@ import logging
 from typing import Any
 
 from tessera.context import FLASH_ATTN_MODES, Context, ContextParams
+from tessera.errors import TesseraError
+from tessera.experts import MoEOptions
 from tessera.model import Model, default_model_path, load_model
 from tessera.sampling import SamplerParams
 
@@ -38,6 +40,50 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default=None, help="device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", default=None, choices=["f32", "bf16", "f16"], help="compute dtype")
+    add_moe_arguments(parser)
+
+
+def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
+    """Expert placement of mixture-of-experts models (llama.cpp's flag names)."""
+    g = parser.add_argument_group("mixture of experts")
+    g.add_argument(
+        "--cpu-moe", action="store_true", help="keep every MoE layer's experts in the slow tier"
+    )
+    g.add_argument(
+        "-ncmoe",
+        "--n-cpu-moe",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep the experts of the first N MoE layers in the slow tier",
+    )
+    g.add_argument(
+        "--moe-cache-mib",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="expert cache for offloaded experts, in MiB (0 = off)",
+    )
+    g.add_argument(
+        "--moe-cache-shared",
+        action="store_true",
+        help="one expert cache for every model and backend of the process",
+    )
+
+
+def moe_options_from_args(args: argparse.Namespace) -> MoEOptions:
+    """:class:`MoEOptions` from the flags (defaults where a command lacks them)."""
+    try:
+        return MoEOptions(
+            cache_mib=getattr(args, "moe_cache_mib", 0.0),
+            shared=getattr(args, "moe_cache_shared", False),
+            n_cpu_moe=getattr(args, "n_cpu_moe", 0),
+            cpu_moe=getattr(args, "cpu_moe", False),
+        )
+    except ValueError as exc:
+        raise TesseraError(
+            "--moe-cache-mib and -ncmoe take a number >= 0; pass 0 to turn them off"
+        ) from exc
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +113,13 @@ def sampler_params_from_args(args: argparse.Namespace) -> SamplerParams:
 def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
     path = args.model or default_model_path()
     model = load_model(
-        path, runtime, args.backend, progress=True, device=args.device, dtype=args.dtype
+        path,
+        runtime,
+        args.backend,
+        progress=True,
+        device=args.device,
+        dtype=args.dtype,
+        moe=moe_options_from_args(args),
     )
     backend = model.backend
     if args.threads > 0:

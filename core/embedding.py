@@ -87,7 +87,7 @@ class Embedder:
         normalize: int = 2,
         n_ctx: int = 0,
         n_batch: int = 2048,
-        n_ubatch: int = 512,
+        n_ubatch: int = 0,
         n_seq_max: int = 64,
         classifier_activation: str | None = None,
         mrl_dims: Sequence[int] | None = None,
@@ -100,9 +100,11 @@ class Embedder:
         limit = model.n_ctx_train if self.causal else int(getattr(config, "n_ctx_train", 512))
         #: Longest input (tokens) accepted.
         self.n_ctx = min(n_ctx, limit) if n_ctx > 0 else min(limit, 4096 if self.causal else limit)
+        if n_ubatch <= 0:
+            # encoders: one ubatch per forward, as llama.cpp wants (n_ubatch = n_batch)
+            n_ubatch = 512 if self.causal else n_batch
         if not self.causal:
-            # an encoder sees a whole input in one ubatch
-            n_ubatch = max(n_ubatch, self.n_ctx)
+            n_ubatch = max(n_ubatch, self.n_ctx)  # an encoder sees a whole input at once
         n_batch = max(n_batch, n_ubatch)
         params = ContextParams(
             # a decoder's KV cache holds every input of one forward at once
@@ -119,10 +121,12 @@ class Embedder:
         act = classifier_activation or default_act or ("softmax" if len(labels) > 1 else "none")
         apply_activation(np.zeros((1, 1)), act)  # rejects an unknown name now
         self.classifier_activation = act
-        meta_dims = model.metadata.get(f"{model.metadata.get('general.architecture')}"
-                                       ".embedding.mrl_dims")
-        self.mrl_dims = tuple(int(d) for d in (mrl_dims if mrl_dims is not None else
-                                               meta_dims or ()))
+        meta_dims = model.metadata.get(
+            f"{model.metadata.get('general.architecture')}.embedding.mrl_dims"
+        )
+        self.mrl_dims = tuple(
+            int(d) for d in (mrl_dims if mrl_dims is not None else meta_dims or ())
+        )
 
     # -- what the model is ---------------------------------------------------------------
 

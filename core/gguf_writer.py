@@ -200,13 +200,17 @@ def _check_size(t: RawTensor, nbytes: int, block: tuple[int, int]) -> None:
         )
 
 
+#: Weights llama.cpp's converter always keeps in F32: norms and MoE routers.
+F32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight")
+
+
 def storage_types(
     shapes: Mapping[str, tuple[int, ...]], outtype: str, lookup: Callable[[str], Any]
 ) -> dict[str, Any]:
     """The quant type each tensor is stored in for output type ``outtype``, as llama.cpp does.
 
-    ``convert_hf_to_gguf.py``'s rules: 1-D tensors, norms and anything that is not a
-    ``.weight`` stay F32; every other tensor gets ``outtype``; a tensor whose rows do not
+    ``convert_hf_to_gguf.py``'s rules: 1-D tensors, norms, MoE routers and anything that is
+    not a ``.weight`` stay F32; every other tensor gets ``outtype``; a tensor whose rows do not
     fill ``outtype``'s blocks falls back to F16. For Q4_0 (made by ``llama-quantize`` in
     llama.cpp) the output head (``output.weight``, or ``token_embd.weight`` when tied) gets
     Q6_K where a Q6_K type is installed and rows fit its blocks, otherwise Q8_0.
@@ -217,7 +221,7 @@ def storage_types(
     types: dict[str, Any] = {}
     for name, shape in shapes.items():
         qtype = main
-        if len(shape) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        if len(shape) <= 1 or name.endswith(F32_TENSORS) or not name.endswith(".weight"):
             qtype = lookup("F32")
         elif name == head and main.name.upper() == "Q4_0":
             qtype = _head_type(shape[-1], lookup)

@@ -47,10 +47,10 @@ if TYPE_CHECKING:
     from tessera.arch import Architecture
     from tessera.backend import BackendInfo
     from tessera.commands import Command
+    from tessera.communicator import CommunicatorInfo
+    from tessera.experts import ExpertCacheInfo
     from tessera.quant import QuantType, WeightKernel
     from tessera.routes import ServerRoute
-    from tessera.experts import ExpertCacheInfo
-    from tessera.communicator import CommunicatorInfo
     from tessera.spec_decoder import SpecDecoderInfo
 
 PROJECT_NAME = "tessera"

@@ -148,6 +148,10 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
         "backends": backends,
         "conflicts": list(runtime.conflicts),
         "communicators": _communicator_entries(runtime),
+        "spec_decoders": [
+            {"name": name, "description": info.description}
+            for name, info in sorted(runtime.spec_decoders().items())
+        ],
     }
 
 
@@ -173,9 +177,12 @@ def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
         for line in _backend_lines(runtime):
             print(line)
     for entry in _communicator_entries(runtime):
-        state = "usable here: " + ", ".join(entry["features"]) if entry["usable"] else entry["reason"]
+        features = ", ".join(entry["features"])
+        state = f"usable here: {features}" if entry["usable"] else entry["reason"]
         kind = "collective" if entry["collective"] else f"at most {entry['max_ranks']} ranks"
         print(f"communicator {entry['name']}: {kind}; {state} — {entry['description']}")
+    for name, info in sorted(runtime.spec_decoders().items()):
+        print(f"spec decoder {name}: {info.description}")
     for conflict in runtime.conflicts:
         print(f"conflict: {conflict}")
     return 0

@@ -20,6 +20,7 @@ import numpy as np
 from tessera.arch import ForwardInput
 from tessera.batch import Batch
 from tessera.errors import TesseraError
+from tessera.kv_cache import KVRows
 
 #: llama.cpp's pooling types, in the order of GGUF ``{arch}.pooling_type`` numbers.
 POOLING_TYPES = ("none", "mean", "cls", "last", "rank")
@@ -31,9 +32,7 @@ def pooling_name(value: int | str) -> str:
         return value
     if isinstance(value, int | np.integer) and 0 <= int(value) < len(POOLING_TYPES):
         return POOLING_TYPES[int(value)]
-    raise TesseraError(
-        f"unknown pooling type {value!r}; choose one of {', '.join(POOLING_TYPES)}"
-    )
+    raise TesseraError(f"unknown pooling type {value!r}; choose one of {', '.join(POOLING_TYPES)}")
 
 
 def _sequence_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -44,6 +43,48 @@ def _sequence_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     counts = np.bincount(inverse, minlength=len(seqs))
     ends = np.cumsum(counts)
     return seqs, inverse, by_pos[ends - counts], by_pos[ends - 1]
+
+
+class SequenceAttention:
+    """Attention of an encoder ubatch: every row sees every row of its own sequence.
+
+    What an encoder receives as ``ForwardInput.kv``. On the ``rows`` path (the context's
+    :func:`~tessera.context.choose_kv_path`) each sequence is one slice of
+    ``attention_rows`` over the ubatch's own K/V, so the work is the sum of the squared
+    sequence lengths; on the ``dense`` path it is one ``(T, T)`` same-sequence mask.
+    """
+
+    def __init__(self, seq_ids: np.ndarray, path: str) -> None:
+        self.seq_ids = seq_ids
+        self.path = path
+        self._rows: KVRows | None = None
+        self._mask: np.ndarray | None = None
+
+    def rows(self) -> KVRows:
+        """One slice per sequence; all positions 0, so the causal rule lets every row in."""
+        if self._rows is None:
+            _, inverse = np.unique(self.seq_ids, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            counts = np.bincount(inverse)
+            rank = np.arange(len(order)) - np.repeat(np.cumsum(counts) - counts, counts)
+            rows = np.full((len(counts), int(counts.max())), -1, dtype=np.int64)
+            rows[inverse[order], rank] = order
+            q_index = np.empty(len(order), dtype=np.int64)
+            q_index[order] = inverse[order] * rows.shape[1] + rank
+            zeros = np.where(rows >= 0, 0, -1).astype(np.int32)
+            self._rows = KVRows(rows, zeros, rows, zeros, q_index)
+        return self._rows
+
+    def mask(self) -> np.ndarray:
+        if self._mask is None:
+            self._mask = self.seq_ids[:, None] == self.seq_ids[None, :]
+        return self._mask
+
+    def attend(self, backend: Any, q: Any, k: Any, v: Any, scale: float) -> Any:
+        """``(T, H * D)`` attention of ``q`` over ``k``/``v`` ``(T, H, D)`` of the ubatch."""
+        if self.path == "rows":
+            return backend.attention_rows(q, k, v, self.rows(), scale)
+        return backend.attention(q, k, v, len(self.seq_ids), self.mask(), scale)
 
 
 def _encoder_ubatches(batch: Batch, inverse: np.ndarray, n_ubatch: int) -> list[np.ndarray]:
@@ -81,14 +122,15 @@ def hidden_states(
             for s in range(0, len(batch), ctx.n_ubatch)
         ]
     else:
-        groups = _encoder_ubatches(batch, np.unique(batch.seq_ids, return_inverse=True)[1],
-                                   ctx.n_ubatch)
+        groups = _encoder_ubatches(
+            batch, np.unique(batch.seq_ids, return_inverse=True)[1], ctx.n_ubatch
+        )
     out: np.ndarray | None = None
     written: list[np.ndarray] = []
     try:
         for rows in groups:
             seq_ids, positions = batch.seq_ids[rows], batch.positions[rows]
-            kv = None
+            kv: Any = SequenceAttention(seq_ids, ctx.kv_path)
             if causal:
                 cells = ctx.kv.find_slot(len(rows), seq_ids)
                 ctx.kv.commit(cells, positions, seq_ids)

@@ -34,7 +34,7 @@ class ApiError(Exception):
     """An HTTP error with a message a client can act on."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self, status: int, message: str, param: str | None = None, *, code: str | None = None
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -80,6 +80,10 @@ class ServerSettings:
     slot_save_path: Path | None = None
     #: The name clients use in the ``model`` field (default: the file name).
     alias: str = ""
+    #: /v1/embeddings pooling (None: the model's own) and normalisation (llama.cpp's
+    #: --embd-normalize: -1 none, 0 max-abs, 1 taxicab, 2 L2, >2 p-norm).
+    pooling: str | None = None
+    embd_normalize: int = 2
 
 
 @attrs.define

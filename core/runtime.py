@@ -150,14 +150,18 @@ class Runtime:
 
     # -- catalogues ------------------------------------------------------------------
 
-    def _catalogue(self, hook: str, key: Callable[[Any], Iterable[Any]]) -> dict[Any, Any]:
+    def _catalogue(
+        self, hook: str, key: Callable[[Any], Iterable[Any]], index: str = ""
+    ) -> dict[Any, Any]:
         """Call a ``register`` hook once per plugin and index what it registered by ``key``.
 
         Each plugin's implementation is called on its own, so one failing plugin is
         reported and skipped instead of hiding the others.
         """
-        if hook in self._catalogues:
-            return self._catalogues[hook]
+        # One hook may be indexed two ways (architectures by GGUF name and by HF type).
+        cache_key = f"{hook}:{index}"
+        if cache_key in self._catalogues:
+            return self._catalogues[cache_key]
         found: dict[Any, Any] = {}
         caller = getattr(self.pm.hook, hook)
         for impl in caller.get_hookimpls():  # in registration (entry-point) order
@@ -175,7 +179,7 @@ class Runtime:
                         )
                     else:
                         found[k] = item
-        self._catalogues[hook] = found
+        self._catalogues[cache_key] = found
         return found
 
     def backends(self) -> dict[str, Any]:
@@ -185,7 +189,9 @@ class Runtime:
         return self._catalogue("tessera_register_architectures", lambda a: a.names)
 
     def hf_architectures(self) -> dict[str, Any]:
-        return self._catalogue("tessera_register_architectures", lambda a: a.hf_model_types)
+        return self._catalogue(
+            "tessera_register_architectures", lambda a: a.hf_model_types, index="hf"
+        )
 
     def quant_types(self) -> dict[int, Any]:
         return self._catalogue("tessera_register_quant_types", lambda q: [q.ggml_type])

@@ -153,7 +153,8 @@ class SlotEngine:
         """
         self._validate(request)
         with self._cv:
-            if len(self._queue) >= self.max_queue:
+            idle = sum(1 for s in self.slots if s.task is None)
+            if len(self._queue) >= self.max_queue + idle:
                 self.metrics.requests_rejected += 1
                 raise EngineBusyError(
                     f"all {len(self.slots)} slots are busy and {len(self._queue)} requests are "

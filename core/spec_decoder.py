@@ -97,8 +97,10 @@ class SpecDecoder(ABC):
 
     def accepted(self, history: Sequence[int], n_drafted: int, n_accepted: int) -> None:  # noqa: B027
         """The target kept ``n_accepted`` of ``n_drafted`` tokens; ``history`` now ends
-        with the target's own next token. Drafters that keep state update it here or at the
-        next :meth:`draft`."""
+        with those and the target's own next token, so the target batch just evaluated
+        started at position ``len(history) - n_accepted - 2``. Called after every target
+        batch while the generation goes on (also after batches without a draft). Drafters
+        that keep state update it here or at the next :meth:`draft`."""
 
     def close(self) -> None:  # noqa: B027
         """Free what the drafter holds (contexts, caches)."""

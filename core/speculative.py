@@ -190,7 +190,8 @@ def generate_speculative(
         n_max = min(length.next(), n_left - 1, ctx.n_ctx - len(history))
         draft = decoder.draft(history, n_max) if n_max > 0 else Draft(())
         if len(draft) > n_max:
-            draft = Draft(draft.tokens[:n_max], None if draft.probs is None else draft.probs[:n_max])
+            probs = None if draft.probs is None else draft.probs[:n_max]
+            draft = Draft(draft.tokens[:n_max], probs)
         if len(draft) < max(params.draft_min, 1):
             draft = Draft(())
         pos0 = len(history) - 1
@@ -221,10 +222,10 @@ def generate_speculative(
             yield t
         history.extend(new)
         n_left -= len(emitted[:n_left])
-        decoder.accepted(history, len(draft), n_acc)
         stats.t_generate = time.perf_counter() - t0
-        if stopped:
+        if stopped or n_left <= 0:
             break
+        decoder.accepted(history, len(draft), n_acc)
     stats.t_generate = time.perf_counter() - t0
 
 

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from tessera.chat_format import partial_suffix
 from tessera.errors import TesseraError
+from tessera.tool_calls import partial_suffix
 
 
 @attrs.frozen

@@ -244,6 +244,12 @@ def form_group(
         local_host=local_host,
     )
     comm = infos[name].create(spec)
-    log.info("tensor parallel: rank %d/%d via %s (%s; %s)", shard.rank, shard.world_size, name,
-             answer["why"], comm.path)
+    log.info(
+        "tensor parallel: rank %d/%d via %s (%s; %s)",
+        shard.rank,
+        shard.world_size,
+        name,
+        answer["why"],
+        comm.path,
+    )
     return Group(comm, answer)

@@ -124,8 +124,7 @@ def _join(
         socket.getaddrinfo(host, port)
     except socket.gaierror as exc:
         raise CommunicatorError(
-            f"cannot resolve --tp-master host '{host}' ({exc.strerror}); give rank 0's "
-            "address"
+            f"cannot resolve --tp-master host '{host}' ({exc.strerror}); give rank 0's address"
         ) from exc
     last = ""
     while True:
@@ -143,10 +142,8 @@ def _join(
             time.sleep(min(0.1, max(left, 0)))
     try:
         local_host = sock.getsockname()[0]
-        _send(
-            sock,
-            {"magic": MAGIC, "version": VERSION, "rank": rank, "world_size": world_size, "caps": caps},
-        )
+        hello = {"magic": MAGIC, "version": VERSION, "rank": rank, "world_size": world_size}
+        _send(sock, {**hello, "caps": caps})
         answer = _read_line(sock, deadline, f"rank 0 at {host}:{port}")
     finally:
         sock.close()

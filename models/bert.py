@@ -15,6 +15,7 @@ says yes, else as the tanh form llama.cpp uses (a difference of about 1e-3 per v
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,10 +25,12 @@ import numpy as np
 from tessera.arch import Architecture, ForwardInput, KVLayerLayout
 from tessera.errors import ModelFileError, TesseraError
 from tessera.hookspecs import hookimpl
-from tessera.pooling import POOLING_TYPES, pooling_name
+from tessera.pooling import POOLING_TYPES, SequenceAttention, pooling_name
 
 TESSERA_PLUGIN_API = 1
 
+#: Set (to anything but "" or "0") to run dense layers as matmul + add, for comparison.
+FUSED_LINEAR_DISABLE_ENV = "TESSERA_FUSED_LINEAR_DISABLE"
 #: ``classifier_activation`` values: applied to rank scores by the embedding engine.
 CLASSIFIER_ACTIVATIONS = ("none", "sigmoid", "softmax")
 #: sentence-transformers ``activation_fn`` class names -> tessera's names.
@@ -285,6 +288,18 @@ class BertGraph:
         self.w = weights
         self.b = backend
         self.attn_scale = 1.0 / math.sqrt(config.head_dim)
+        self.fused = backend.supports("linear") and os.environ.get(
+            FUSED_LINEAR_DISABLE_ENV, ""
+        ) in ("", "0")
+        backend.record(
+            "bert dense layers",
+            "linear" if self.fused else "matmul + add",
+            "backend supports linear"
+            if self.fused
+            else f"{FUSED_LINEAR_DISABLE_ENV} set"
+            if backend.supports("linear")
+            else "backend declines linear",
+        )
         exact = config.gelu_exact and backend.supports("gelu_erf")
         self.gelu = backend.gelu_erf if exact else backend.gelu
         if config.gelu_exact:
@@ -295,7 +310,10 @@ class BertGraph:
             )
 
     def _dense(self, x: Any, name: str) -> Any:
-        return self.b.add(self.b.matmul(x, self.w[name + ".weight"]), self.w[name + ".bias"])
+        w, bias = self.w[name + ".weight"], self.w[name + ".bias"]
+        if self.fused:
+            return self.b.linear(x, w, bias)
+        return self.b.add(self.b.matmul(x, w), bias)
 
     def _norm(self, x: Any, name: str) -> Any:
         return self.b.layer_norm(x, self.w[name + ".weight"], self.w[name + ".bias"], self.c.norm_eps)
@@ -323,8 +341,10 @@ class BertGraph:
             )
         b, c = self.b, self.c
         n = len(inp.tokens)
-        seq_ids = np.zeros(n, np.int32) if inp.seq_ids is None else inp.seq_ids
-        mask = seq_ids[:, None] == seq_ids[None, :]  # whole sequence, both directions
+        attention = inp.kv
+        if attention is None:  # one sequence, dense path
+            seq_ids = np.zeros(n, np.int32) if inp.seq_ids is None else inp.seq_ids
+            attention = SequenceAttention(seq_ids, "dense")
         x = self._embed(inp)
         all_rows = len(inp.output_rows) == n
         for il in range(c.n_layer):
@@ -332,7 +352,7 @@ class BertGraph:
             q = self._dense(x, p + "attn_q").reshape(n, c.n_head, c.head_dim)
             k = self._dense(x, p + "attn_k").reshape(n, c.n_head, c.head_dim)
             v = self._dense(x, p + "attn_v").reshape(n, c.n_head, c.head_dim)
-            attn = self._dense(b.attention(q, k, v, n, mask, self.attn_scale), p + "attn_output")
+            attn = self._dense(attention.attend(b, q, k, v, self.attn_scale), p + "attn_output")
             if il == c.n_layer - 1 and not all_rows:
                 # Only the rows the pooling reads go through the last FFN.
                 attn = b.get_rows(attn, inp.output_rows)

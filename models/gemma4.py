@@ -365,7 +365,8 @@ class Gemma4Architecture(Architecture):
 
     def example_config(self, **overrides: Any) -> Gemma4Config:
         n_layer = overrides.get("n_layer", 6)
-        n_kv_shared = overrides.get("n_kv_shared", n_layer // 2)
+        # half the layers share KV when each attention type has a producer below them
+        n_kv_shared = overrides.setdefault("n_kv_shared", n_layer // 2 if n_layer >= 6 else 0)
         n_head_kv = overrides.pop("n_head_kv", 2)
         n_ff = overrides.pop("n_ff", 128)
         wide = overrides.pop("double_wide_ffn", False)

@@ -46,6 +46,9 @@ class LlamaConfig:
     attn_bias: bool = False
     qk_norm: bool = False
     tied_embeddings: bool = False
+    #: MTP ("nextn") blocks stored after the main ones (GGUF ``{arch}.nextn_predict_layers``;
+    #: ``block_count`` counts them too). The main forward pass never runs them.
+    n_nextn: int = 0
 
     def __attrs_post_init__(self) -> None:
         if self.n_head % self.n_head_kv:
@@ -106,6 +109,7 @@ class LlamaArchitecture(Architecture):
             return value
 
         n_embd = int(key("embedding_length"))
+        n_nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0))
         n_head = int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // n_head))
         n_vocab = (
@@ -121,7 +125,7 @@ class LlamaArchitecture(Architecture):
             arch=arch,
             n_vocab=int(n_vocab),
             n_embd=n_embd,
-            n_layer=int(key("block_count")),
+            n_layer=int(key("block_count")) - n_nextn,
             n_ff=int(key("feed_forward_length")),
             n_head=n_head,
             n_head_kv=int(key("attention.head_count_kv", n_head)),
@@ -134,6 +138,7 @@ class LlamaArchitecture(Architecture):
             attn_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
             tied_embeddings="output.weight" not in tensor_shapes,
+            n_nextn=n_nextn,
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> LlamaConfig:
@@ -172,7 +177,7 @@ class LlamaArchitecture(Architecture):
             f"{a}.vocab_size": c.n_vocab,
             f"{a}.context_length": c.n_ctx_train,
             f"{a}.embedding_length": c.n_embd,
-            f"{a}.block_count": c.n_layer,
+            f"{a}.block_count": c.n_layer + c.n_nextn,
             f"{a}.feed_forward_length": c.n_ff,
             f"{a}.attention.head_count": c.n_head,
             f"{a}.attention.head_count_kv": c.n_head_kv,
@@ -182,6 +187,8 @@ class LlamaArchitecture(Architecture):
             f"{a}.rope.freq_base": c.rope_freq_base,
             f"{a}.rope.dimension_count": c.head_dim,
         }
+        if c.n_nextn:
+            meta[f"{a}.nextn_predict_layers"] = c.n_nextn
         if c.rope_freq_scale != 1.0:
             meta[f"{a}.rope.scaling.type"] = "linear"
             meta[f"{a}.rope.scaling.factor"] = 1.0 / c.rope_freq_scale
@@ -208,6 +215,7 @@ class LlamaArchitecture(Architecture):
             shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
             shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
             shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
+        shapes |= nextn_tensor_shapes(c)
         shapes["output_norm.weight"] = (c.n_embd,)
         if not c.tied_embeddings:
             shapes["output.weight"] = (c.n_vocab, c.n_embd)
@@ -299,6 +307,8 @@ class LlamaGraph:
         self.b = backend
         self.output = weights.get("output.weight", weights["token_embd.weight"])
         self.attn_scale = 1.0 / math.sqrt(config.head_dim)
+        #: When a list, each forward appends its output rows' last hidden state to it.
+        self.hidden_sink: list[Any] | None = None
 
     def _project(self, x: Any, name: str) -> Any:
         y = self.b.matmul(x, self.w[name + ".weight"])
@@ -338,7 +348,11 @@ class LlamaGraph:
             x = b.add(x, attn)
             h = b.rms_norm(x, self.w[p + "ffn_norm.weight"], c.rms_eps)
             x = b.add(x, self._ffn(il, h))
+        if self.hidden_sink is not None:
+            self.hidden_sink.append(x)  # MTP drafting reads h_i before the final norm
         x = b.rms_norm(x, self.w["output_norm.weight"], c.rms_eps)
+        if inp.embeddings:
+            return x  # embedding mode: the core pools hidden states; no LM head
         return self._logits(x)
 
     def _ffn(self, il: int, h: Any) -> Any:
@@ -351,6 +365,29 @@ class LlamaGraph:
     def _logits(self, x: Any) -> Any:
         """The LM head over normalized hidden states (tensor parallel may split it by vocab)."""
         return self.b.matmul(x, self.output)
+
+
+def nextn_tensor_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors of the MTP blocks ``blk.{n_layer + i}``: a full decoder block plus
+    llama.cpp's ``nextn.*`` tensors (the embedding and output head are the model's own)."""
+    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(c.n_layer, c.n_layer + c.n_nextn):
+        p = f"blk.{i}."
+        shapes[p + "attn_norm.weight"] = (c.n_embd,)
+        shapes[p + "attn_q.weight"] = (q_dim, c.n_embd)
+        shapes[p + "attn_k.weight"] = (kv_dim, c.n_embd)
+        shapes[p + "attn_v.weight"] = (kv_dim, c.n_embd)
+        shapes[p + "attn_output.weight"] = (c.n_embd, q_dim)
+        shapes[p + "ffn_norm.weight"] = (c.n_embd,)
+        shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
+        shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
+        shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
+        shapes[p + "nextn.eh_proj.weight"] = (c.n_embd, 2 * c.n_embd)
+        shapes[p + "nextn.enorm.weight"] = (c.n_embd,)
+        shapes[p + "nextn.hnorm.weight"] = (c.n_embd,)
+        shapes[p + "nextn.shared_head_norm.weight"] = (c.n_embd,)
+    return shapes
 
 
 @hookimpl

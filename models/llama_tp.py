@@ -112,8 +112,9 @@ class LlamaTPGraph(LlamaGraph):
 
     def _logits(self, x: Any) -> Any:
         local = super()._logits(x)  # (T, vocab_chunk) of this rank's vocabulary rows
-        if not self.plan.split_lm_head:
+        n_rows = local.shape[0]
+        if not self.plan.split_lm_head or n_rows == 0:  # every rank has the same n_rows
             return local
         gathered = self.comm.all_gather(local)  # (N, T, vocab_chunk)
-        logits = gathered.swapaxes(0, 1).reshape(local.shape[0], -1)
+        logits = gathered.swapaxes(0, 1).reshape(n_rows, self.plan.n * self.plan.vocab_chunk)
         return logits[:, : self.plan.c.n_vocab]

@@ -51,18 +51,11 @@ _HF_SHARED = {
 }
 
 
-@attrs.frozen
-class MoEConfig:
+@attrs.frozen(kw_only=True)
+class MoEConfig(LlamaConfig):
     """A llama-family attention config (every :class:`LlamaConfig` field) plus experts."""
 
     arch: str = attrs.field(validator=attrs.validators.in_(tuple(BASE_ARCH)))
-    n_vocab: int
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
     n_expert: int
     n_expert_used: int
     n_ff_exp: int
@@ -70,16 +63,9 @@ class MoEConfig:
     norm_topk_prob: bool = True
     #: Hidden size of the shared expert (qwen2moe); 0 = none.
     n_ff_shexp: int = 0
-    n_ctx_train: int = 4096
-    rope_freq_base: float = 10000.0
-    rope_freq_scale: float = 1.0
-    rms_eps: float = 1e-6
-    rope_neox: bool = True
-    attn_bias: bool = False
-    qk_norm: bool = False
-    tied_embeddings: bool = False
 
     def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
         if not 0 < self.n_expert_used <= self.n_expert:
             raise ModelFileError(
                 f"expert_used_count ({self.n_expert_used}) must be between 1 and expert_count "
@@ -142,7 +128,8 @@ class MoEArchitecture(LlamaArchitecture):
         return MoEConfig.from_base(
             arch,
             base,
-            n_expert=int(hf["num_experts"]),
+            # transformers 5 writes num_local_experts, Qwen's checkpoints num_experts
+            n_expert=int(hf.get("num_experts") or hf["num_local_experts"]),
             n_expert_used=int(hf["num_experts_per_tok"]),
             n_ff_exp=n_ff_exp,
             norm_topk_prob=bool(hf.get("norm_topk_prob", False)),

@@ -11,12 +11,21 @@ from tessera.cli_common import (
     add_model_arguments,
     add_sampling_arguments,
     context_from_args,
+    context_params_from_args,
     load_model_from_args,
     sampler_params_from_args,
 )
 from tessera.commands import Command
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
+from tessera.plugins.spec_cli import (
+    add_spec_arguments,
+    default_target,
+    spec_params_from_args,
+    spec_summary,
+    spec_type_from_args,
+)
+from tessera.tp_launch import add_tp_arguments, tp_requested
 
 TESSERA_PLUGIN_API = 1
 
@@ -48,6 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_model_arguments(parser)
     add_sampling_arguments(parser)
+    add_tp_arguments(parser)
+    add_spec_arguments(parser)
 
 
 def _prompt_text(args: argparse.Namespace) -> str:
@@ -84,6 +95,26 @@ def _restore_prompt_cache(path: str | None, ctx: Any, prompt: list[int]) -> int:
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
+    if not tp_requested(args):
+        return _run(args, runtime, None)
+    from tessera.tp_launch import start
+
+    if args.tp_rank not in (None, 0):
+        return start(args, runtime)  # a serving rank: rank 0 has the prompt
+    _prompt_text(args)  # a missing prompt is reported before any rank starts
+    if args.prompt_cache:
+        raise TesseraError("--prompt-cache does not work with --tp yet; drop one of them")
+    session = start(args, runtime)
+    ok = False
+    try:
+        code = _run(args, runtime, session)
+        ok = True
+        return code
+    finally:
+        session.close(ok)
+
+
+def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
     from tessera.chat import DEFAULT_CHATML, ChatTemplate
     from tessera.engine import GenerationStats, generate
     from tessera.sampling import Sampler
@@ -91,11 +122,18 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
     text = _prompt_text(args)
     sampler = Sampler(sampler_params_from_args(args))
-    model = load_model_from_args(args, runtime)
+    spec_type = spec_type_from_args(args)
+    if spec_type is not None:
+        runtime.spec_decoder(spec_type)  # an unknown type fails before the model loads
+        args.model = args.model or default_target(spec_type)
+    model = session.model if session else load_model_from_args(args, runtime)
     tok = model.tokenizer
     if tok is None:
         raise TesseraError(f"'{model.path}' has no tokenizer; use a model file with a vocabulary")
-    ctx = context_from_args(args, model)
+    if session is not None:
+        ctx = session.make_context(context_params_from_args(args, model))
+    else:
+        ctx = context_from_args(args, model)
     parse_special = False
     if args.chat:
         messages = [{"role": "user", "content": text}]
@@ -117,7 +155,18 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
     stats = GenerationStats()
     decoder = StreamDecoder(tok)
-    tokens = generate(
+    generation = generate
+    if spec_type is not None:
+        from tessera.speculative import SpecStats, create_decoder, generate_speculative
+
+        spec_params = spec_params_from_args(args)
+        spec = create_decoder(runtime, spec_type, ctx, spec_params)
+        stats = SpecStats()
+
+        def generation(*a: Any, **kw: Any) -> Any:
+            return generate_speculative(*a[:4], spec, spec_params, **kw)
+
+    tokens = generation(
         ctx,
         prompt,
         args.n_predict,
@@ -135,9 +184,12 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
         print(
             f"prompt: {stats.n_prompt} tokens, {stats.prompt_tps:.1f} t/s | "
             f"generation: {stats.n_generated} tokens, {stats.generate_tps:.1f} t/s | "
-            f"backend {model.backend.name}/{model.backend.dtype}",
+            f"backend {model.backend.name}/{model.backend.dtype}"
+            + (f" | {session.describe}" if session else ""),
             file=sys.stderr,
         )
+        if spec_type is not None:
+            print(spec_summary(spec_type, stats), file=sys.stderr)
     return 0
 
 

@@ -68,7 +68,7 @@ class TorchDistributedCommunicator(Communicator):
                 # the hostname resolves to (often 127.0.1.1 in containers).
                 opts._devices = [dist.ProcessGroupGloo.create_device(hostname=spec.local_host)]
                 self.pg = dist.ProcessGroupGloo(prefixed, spec.rank, spec.world_size, opts)
-                why = "not every rank offered nccl" if "nccl" not in spec.features else "cpu"
+                why = "cpu" if not spec.device.startswith("cuda") else "not every rank has nccl"
                 self.path = f"gloo ({why})"
         except (RuntimeError, ValueError) as exc:
             raise CommunicatorError(

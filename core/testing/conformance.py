@@ -52,6 +52,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention_rows": 1e-4,
         "rope": 2e-5,
         "rope_ext": 2e-5,
+        "moe_ffn": 1e-4,
     },
     "f16": {
         "default": 2e-3,
@@ -60,6 +61,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention_rows": 1e-2,
         "rope": 4e-3,
         "rope_ext": 4e-3,
+        "moe_ffn": 1e-2,
     },
     "bf16": {
         "default": 1e-2,
@@ -68,6 +70,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "attention_rows": 2e-2,
         "rope": 2e-2,
         "rope_ext": 2e-2,
+        "moe_ffn": 3e-2,
     },
 }
 

@@ -41,6 +41,14 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 FALLBACK_VOCAB_SIZE = 512
+#: Mixture-of-experts dims (GGUF terms, as ``make_gguf`` takes them) -> HF config fields.
+HF_MOE_FIELDS = {
+    "n_expert": "num_experts",
+    "n_expert_used": "num_experts_per_tok",
+    "n_ff_exp": "moe_intermediate_size",
+    "n_ff_shexp": "shared_expert_intermediate_size",
+    "norm_topk_prob": "norm_topk_prob",
+}
 
 
 @attrs.frozen
@@ -241,8 +249,9 @@ def make_hf_dir(
     ``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)`` in float32;
     1-D parameters (norms, biases), which HF initializes to constants, get N(0, 0.02)
     noise so that a loader which drops them fails parity tests. ``dims`` take the
-    generic names of :func:`make_gguf`; ``hf_overrides`` sets any other ``config.json``
-    field (``attention_bias``, ``rope_theta`` ...). Writes ``config.json``,
+    generic names of :func:`make_gguf`, and for mixture-of-experts types (``qwen3_moe``,
+    ``qwen2_moe``) the expert dims of :data:`HF_MOE_FIELDS`; ``hf_overrides`` sets any
+    other ``config.json`` field (``attention_bias``, ``rope_theta`` ...). Writes ``config.json``,
     ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``.
     """
     import torch
@@ -263,6 +272,7 @@ def make_hf_dir(
         "bos_token_id": vocab.eos_token_id,
         "eos_token_id": vocab.eos_token_id,
         "pad_token_id": vocab.eos_token_id,
+        **{hf_name: d[name] for name, hf_name in HF_MOE_FIELDS.items() if name in d},
         **(hf_overrides or {}),
     }
     config = AutoConfig.for_model(arch, **hf)

@@ -51,6 +51,21 @@ def _guarded(route: ServerRoute) -> Any:
     return endpoint
 
 
+#: Bodies declared too large are read and dropped up to this size before the 413.
+_DRAIN_LIMIT = 64 << 20
+
+
+async def _drain(receive: Any, message: dict) -> None:
+    """Read the rest of a body away: a client still sending when the answer comes would
+    see a reset connection instead of the 413."""
+    drained = 0
+    while message["type"] == "http.request" and message.get("more_body"):
+        if drained > _DRAIN_LIMIT:
+            return
+        message = await receive()
+        drained += len(message.get("body", b""))
+
+
 class BodyLimit:
     """ASGI middleware: answer 413 to bodies over ``max_bytes`` (declared or streamed)."""
 
@@ -64,6 +79,7 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await _drain(receive, {"type": "http.request", "more_body": True})
             await self._too_large(send)
             return
         seen = 0
@@ -74,6 +90,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:  # a chunked body: the handler answers 413
+                    await _drain(receive, message)
                     raise self._error()
             return message
 

@@ -26,7 +26,10 @@ def _embedder(state: ServerState) -> Any:
         raise ApiError(501, "this build of tessera has no embedding engine") from None
     if state.embedder is None:
         try:
-            state.embedder = Embedder(state.model)
+            settings = state.settings
+            state.embedder = Embedder(
+                state.model, pooling=settings.pooling, normalize=settings.embd_normalize
+            )
         except TesseraError as exc:
             raise ApiError(501, f"embeddings are not available for this model: {exc}") from None
     return state.embedder

@@ -73,18 +73,21 @@ def json_constraint(f: Fields, state: ServerState) -> Callable[[], Any] | None:
     kind = (fmt or {}).get("type", "text")
     if kind == "text":
         return None
-    if kind not in ("json_object", "json_schema"):
+    if kind != "json_object":
         raise ApiError(
             400,
-            f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
+            f"response_format type {kind!r} is not supported; use text or json_object (a "
+            "JSON schema is not enforced by this server, so json_schema is refused rather "
+            "than ignored)",
             param="response_format",
         )
-    from tessera.json_constraint import constraint_factory
+    from tessera.json_constraint import JsonConstraintFactory
 
-    try:
-        return constraint_factory(state.tokenizer, fmt)
-    except TesseraError as exc:
-        raise ApiError(400, str(exc), param="response_format") from None
+    # the factory renders the whole vocabulary once; every request reuses it
+    factory = state.extras.get("json_constraint")
+    if factory is None:
+        factory = state.extras["json_constraint"] = JsonConstraintFactory(state.tokenizer)
+    return factory.new
 
 
 def generation_requests(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-queue", type=int, default=64, help="requests that may wait for a slot (503 above)"
     )
     g.add_argument(
+        "--pooling",
+        choices=["none", "mean", "cls", "last", "rank"],
+        default=None,
+        help="pooling of /v1/embeddings (default: the model's own)",
+    )
+    g.add_argument(
+        "--embd-normalize", type=int, default=2, help="-1 none, 0 max-abs, 1 taxicab, 2 L2"
+    )
+    g.add_argument(
         "--shutdown-timeout",
         type=float,
         default=10.0,
@@ -67,6 +78,8 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
         max_tokens_cap=args.max_tokens_cap,
         slot_save_path=Path(args.slot_save_path) if args.slot_save_path else None,
         alias=args.alias,
+        pooling=args.pooling,
+        embd_normalize=args.embd_normalize,
     )
     if settings.slot_save_path is not None:
         settings.slot_save_path.mkdir(parents=True, exist_ok=True)
@@ -116,13 +129,29 @@ def bind(host: str, port: int) -> socket.socket:
 def server(app: Any, shutdown_timeout: float = 10.0) -> Any:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn raises SIGTERM again after its graceful shutdown, so the process would
+            # die by the signal; a clean stop here ends with exit code 0 instead
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            signals = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
     config = uvicorn.Config(
         app,
         log_level="warning",
         timeout_graceful_shutdown=shutdown_timeout,
         lifespan="on",
     )
-    return uvicorn.Server(config)
+    return Server(config)
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:

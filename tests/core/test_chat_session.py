@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.chat import ChatTemplate
-from tessera.chat_format import detect_chat_format
+from tessera.chat import ChatTemplate, ChatTemplateError
+from tessera.chat_format import BUILTIN_SYNTAXES, ToolCallSyntax, detect_chat_format, json_value_end
 from tessera.chat_session import (
     ChatRequestError,
     ChatSession,
@@ -47,7 +47,17 @@ TOOLS = [
     }
 ]
 USER = [{"role": "user", "content": "Weather in Paris and Rome?"}]
-MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[THINK]")
+MARKERS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "[TOOL_CALLS]",
+    "[THINK]",
+    "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+)
 
 
 @cache
@@ -84,6 +94,9 @@ def _call(city: str, i: int) -> ToolCallPart:
 HERMES_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+)
+UNFINISHED_DEEPSEEK_CALL = (
+    '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}'
 )
 # (template, session options, generated text, the parts it must give)
 CASES = {
@@ -182,6 +195,19 @@ CASES = {
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}',
         [_call("Rome", 0)],
     ),
+    "llama3-braces-and-quotes-inside-strings": (
+        "meta-llama-Llama-3.1-8B-Instruct",
+        {},
+        json.dumps({"name": "get_weather", "parameters": {"city": 'Pa"}ris\\'}}) + " Sent.",
+        [_call('Pa"}ris\\', 0), TextPart("Sent.")],
+    ),
+    "llama3-text-then-tagged-then-bare-call": (
+        "meta-llama-Llama-3.1-8B-Instruct",
+        {},
+        'Checking.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
+        '{"name": "get_weather", "parameters": {"city": "Rome"}}',
+        [TextPart("Checking."), _call("Paris", 0), _call("Rome", 1)],
+    ),
     "llama3-json-answer-is-not-a-call": (
         "meta-llama-Llama-3.1-8B-Instruct",
         {},
@@ -197,6 +223,66 @@ CASES = {
             ToolCallPart("a1b2c3d4e", "get_weather", json.dumps({"city": "Paris"})),
             ToolCallPart("f5g6h7i8j", "get_weather", json.dumps({"city": "Rome"})),
         ],
+    ),
+    "mistral-nemo-list-with-a-bad-entry-is-text": (
+        "mistralai-Mistral-Nemo-Instruct-2407",
+        {},
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"oops": 1}]',
+        [
+            TextPart(
+                '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"oops": 1}]'
+            )
+        ],
+    ),
+    "mistral-args-without-json": (
+        "Mistral-Small-3.2-24B-Instruct-2506",
+        {},
+        "[TOOL_CALLS]get_weather[ARGS]Paris[TOOL_CALLS]get_weather[ARGS]{}",
+        [
+            TextPart("[TOOL_CALLS]get_weather[ARGS]Paris"),
+            ToolCallPart("call0", "get_weather", "{}"),
+        ],
+    ),
+    "llama3-python-tag-without-json": (
+        "meta-llama-Llama-3.1-8B-Instruct",
+        {},
+        '<|python_tag|>brave_search.call(query="x")<|python_tag|>{"name": "get_weather", '
+        '"parameters": {"city": "Rome"}}',
+        [TextPart('<|python_tag|>brave_search.call(query="x")'), _call("Rome", 0)],
+    ),
+    "llama3-long-json-answer-streams": (
+        "meta-llama-Llama-3.1-8B-Instruct",
+        {},
+        json.dumps({"cities": ["Paris", "Rome", "Oslo", "Lima", "Kyiv", "Baku"] * 4, "n": 24}),
+        [
+            TextPart(
+                json.dumps(
+                    {"cities": ["Paris", "Rome", "Oslo", "Lima", "Kyiv", "Baku"] * 4, "n": 24}
+                )
+            )
+        ],
+    ),
+    "deepseek-r1-fenced-calls": (
+        "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+        {"template_kwargs": {"enable_thinking": True}},
+        "Two cities.\n</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+        'get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>'
+        'function<｜tool▁sep｜>get_weather\n```json\n{"city": "Rome"}\n```<｜tool▁call▁end｜>'
+        "<｜tool▁calls▁end｜>",
+        [ReasoningPart("Two cities."), _call("Paris", 0), _call("Rome", 1)],
+    ),
+    "deepseek-v3.1-calls": (
+        "deepseek-ai-DeepSeek-V3.1",
+        {},
+        "On it.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+        [TextPart("On it."), _call("Paris", 0)],
+    ),
+    "deepseek-call-without-its-end-is-text": (
+        "deepseek-ai-DeepSeek-V3.1",
+        {},
+        UNFINISHED_DEEPSEEK_CALL,
+        [TextPart(UNFINISHED_DEEPSEEK_CALL)],
     ),
     "mistral-small-args-form": (
         "Mistral-Small-3.2-24B-Instruct-2506",
@@ -312,7 +398,8 @@ def test_generated_ids_are_unique_and_mistral_ids_fit_its_template():
         ("NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use", ("hermes", None)),
         ("meta-llama-Llama-3.1-8B-Instruct", ("llama3-json", None)),
         ("meta-llama-Llama-3.3-70B-Instruct", ("llama3-json", None)),
-        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", (None, "<think>")),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", ("deepseek", "<think>")),
+        ("deepseek-ai-DeepSeek-V3.1", ("deepseek", "<think>")),
         ("mistralai-Mistral-Nemo-Instruct-2407", ("mistral", None)),
         ("Mistral-Small-3.2-24B-Instruct-2506", ("mistral", None)),
         ("mistralai-Ministral-3-14B-Reasoning-2512", ("mistral", "[THINK]")),
@@ -355,6 +442,8 @@ HISTORY = [
         ("Qwen-QwQ-32B", {}),
         ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", {}),
         ("meta-llama-Llama-3.1-8B-Instruct", {}),
+        ("mistralai-Mistral-Nemo-Instruct-2407", {}),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {"enable_thinking": True}),
     ],
 )
 def test_prompt_matches_transformers(name, kwargs):
@@ -369,14 +458,18 @@ def test_prompt_matches_transformers(name, kwargs):
         bos_token="<s>",
         eos_token="</s>",
     )
-    expected = hf.apply_chat_template(
-        HISTORY, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kwargs
-    )
     # the server receives arguments as OpenAI sends them: JSON text, which templates that
     # apply tojson would quote twice unless the session hands them the object
     openai_history = copy.deepcopy(HISTORY)
     call = openai_history[2]["tool_calls"][0]["function"]
     call["arguments"] = json.dumps(call["arguments"])
+    expected = hf.apply_chat_template(
+        HISTORY,
+        tools=TOOLS,
+        tokenize=False,
+        add_generation_prompt=True,
+        **kwargs,
+    )
     session = ChatSession(
         ChatTemplate(source, "<s>", "</s>"),
         None,
@@ -385,7 +478,8 @@ def test_prompt_matches_transformers(name, kwargs):
         template_kwargs=kwargs,
     )
     assert session.prompt() == expected
-    assert "Get the current weather of a city" in session.prompt()  # the tools were rendered
+    assert session.prompt().count('"city": "Paris"') == 1
+    assert '\\"city\\"' not in session.prompt()  # arguments never quoted twice
 
 
 def test_tool_choice_none_keeps_tools_out_of_the_prompt():
@@ -400,6 +494,10 @@ def test_bad_options_are_refused_with_the_way_out():
         _session("Qwen-Qwen3-0.6B", reasoning_format="r1")
     with pytest.raises(ChatRequestError, match="tool_choice 'any'.*required"):
         _session("Qwen-Qwen3-0.6B", tool_choice="any")
+    with pytest.raises(ChatRequestError, match="not a function tool.*parameters"):
+        _session("Qwen-Qwen3-0.6B", tools=[{"type": "function", "name": "get_weather"}])
+    with pytest.raises(ChatRequestError, match="not a function tool"):
+        _session("Qwen-Qwen3-0.6B", tools="get_weather")
 
 
 def test_model_without_template_gets_a_clear_error_on_chat():
@@ -413,3 +511,63 @@ def test_model_without_template_gets_a_clear_error_on_chat():
     assert override.render([{"role": "user", "content": "x"}]) == "x"
     own = chat_template({"tokenizer.chat_template": "{{ bos_token }}!"}, bos_token="<s>")
     assert own.render([]) == "<s>!"
+
+
+def test_a_long_json_answer_streams_before_its_closing_brace():
+    text = CASES["llama3-long-json-answer-streams"][2]
+    session = _session("meta-llama-Llama-3.1-8B-Instruct")
+    early = [d for ch in text[:-10] for d in session.feed(ch)]
+    assert _joined(early, "content") == text[:-10]
+
+
+class _FunctoolsSyntax(ToolCallSyntax):
+    """A family the core does not know: ``functools[{"name": ..., "arguments": ...}]``."""
+
+    name = "functools"
+    start_markers = ("functools",)
+
+    def matches(self, template_source):
+        return "functools[" in template_source
+
+    def find_end(self, body):
+        end = json_value_end(body)
+        return None if end is None else max(end, 0)
+
+    def parse(self, body, tool_names):
+        try:
+            calls = json.loads(body)
+            return [(c["name"], json.dumps(c["arguments"]), None) for c in calls]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def test_an_added_syntax_is_detected_and_parsed():
+    template = ChatTemplate("{{ messages[0]['content'] }} Call tools as functools[...]:")
+    assert detect_chat_format(template.source).tool_syntax is None
+    fmt = detect_chat_format(template.source, syntaxes=(_FunctoolsSyntax(), *BUILTIN_SYNTAXES))
+    assert fmt.tool_syntax.name == "functools"
+    session = ChatSession(template, fmt, USER, TOOLS, id_factory=lambda: "call0")
+    text = 'Sure. functools[{"name": "get_weather", "arguments": {"city": "Paris"}}] functoolsX'
+    deltas = [d for ch in text for d in session.feed(ch)]
+    result = session.finish()
+    assert result.parts == [TextPart("Sure."), _call("Paris", 0), TextPart("functoolsX")]
+    assert _joined(deltas + result.deltas, "content") == "Sure.functoolsX"
+
+
+def test_template_that_joins_argument_strings_gets_them_as_sent():
+    """DeepSeek-R1-Distill-Llama adds the arguments to strings: the object fails, text works.
+
+    (transformers cannot render this template with the null content it needs, so the oracle
+    is the call text the template writes.)
+    """
+    history = copy.deepcopy(HISTORY)
+    history[2]["content"] = None
+    template = _template("deepseek-ai-DeepSeek-R1-Distill-Llama-8B")
+    with pytest.raises(ChatTemplateError):
+        template.render(history)  # arguments as an object
+    history[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({"city": "Paris"})
+    prompt = ChatSession(template, None, history, tools=TOOLS).prompt()
+    assert (
+        "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+        '```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>'
+    ) in prompt

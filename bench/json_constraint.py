@@ -1,0 +1,116 @@
+"""Cost of JSON-constrained sampling per token, next to the plain sampler, in one run.
+
+    .venv/bin/python bench/json_constraint.py [--docs 20] [--synthetic 32000 128000]
+
+Drives whole generations with random logits (nudged towards ``"``, ``}`` and ``]`` so
+documents end) through the default model's vocabulary and through synthetic byte-level
+vocabularies of the given sizes, and reports per path: microseconds per token for the plain
+``Sampler.sample``, the constrained sampler with rejection on and off, the cold cost of the
+first full mask (a trie walk over the vocabulary) and how many parser-state keys got cached.
+The same logits sequence feeds every path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import attrs
+import numpy as np
+
+from tessera.json_constraint import JsonConstraintFactory
+from tessera.model import default_model_path
+from tessera.sampling import Sampler, SamplerParams
+from tessera.tokenizer import Tokenizer
+
+
+class SyntheticVocab:
+    """Byte-level vocabulary: all 256 bytes plus JSON-looking and text substrings."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        words = ["name", "value", "id", "true", "false", "null", "items", "text", "é", "😀"]
+        pieces = {bytes([b]) for b in range(256)}
+        while len(pieces) < size - 1:
+            doc = json.dumps({rng.choice(words): [rng.random(), rng.choice(words)]})
+            start = rng.randrange(len(doc))
+            pieces.add(doc[start : start + rng.randint(2, 10)].encode())
+        self.pieces = sorted(pieces)[: size - 1] + [b"<eog>"]
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.pieces)
+
+    def token_to_bytes(self, i: int) -> bytes:
+        return self.pieces[i]
+
+    def is_eog(self, i: int) -> bool:
+        return i == len(self.pieces) - 1
+
+    is_special = is_eog
+
+
+def run(tokenizer, docs: int, params: SamplerParams) -> None:
+    factories = {
+        "rejection": JsonConstraintFactory(tokenizer, rejection=True),
+        "mask": JsonConstraintFactory(tokenizer, rejection=False),
+    }
+    n = factories["mask"].n_vocab
+    t0 = time.perf_counter()
+    factories["mask"].new().allowed_mask()
+    cold = time.perf_counter() - t0
+    bias = np.zeros(n, dtype=np.float32)
+    for i, data in enumerate(factories["mask"].token_bytes):
+        if data and any(c in data for c in b'"}]'):
+            bias[i] = 3.0
+    rng = np.random.default_rng(0)
+    rows = [rng.normal(scale=2.0, size=n).astype(np.float32) + bias for _ in range(64)]
+    times = {"plain": 0.0, "rejection": 0.0, "mask": 0.0}
+    tokens = 0
+    for seed in range(docs):
+        constraints = {k: f.new() for k, f in factories.items()}
+        samplers = {k: Sampler(attrs.evolve(params, seed=seed)) for k in times}
+        step = 0
+        while not constraints["mask"].finished and step < 2000:
+            logits = rows[(seed * 7 + step) % len(rows)]
+            t = time.perf_counter()
+            samplers["plain"].sample(logits)
+            times["plain"] += time.perf_counter() - t
+            for key in ("rejection", "mask"):
+                c = constraints[key]
+                if c.finished:
+                    continue
+                t = time.perf_counter()
+                token = c.sample(samplers[key], logits)
+                c.accept(token)
+                times[key] += time.perf_counter() - t
+            step += 1
+            tokens += 1
+    us = {k: 1e6 * v / tokens for k, v in times.items()}
+    print(
+        f"| {n} | {tokens} | {us['plain']:.0f} | {us['rejection']:.0f} "
+        f"({us['rejection'] / us['plain']:.2f}x) | {us['mask']:.0f} "
+        f"({us['mask'] / us['plain']:.2f}x) | {cold * 1e3:.0f} | {len(factories['mask']._masks)} |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=20)
+    ap.add_argument("--synthetic", type=int, nargs="*", default=[32000, 128000])
+    args = ap.parse_args()
+    params = SamplerParams()  # llama.cpp's default chain: top-k 40, top-p 0.95, min-p 0.05
+    print(
+        "| n_vocab | tokens | plain us/tok | rejection us/tok | mask-only us/tok "
+        "| cold mask ms | cached keys |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    run(Tokenizer.from_path(default_model_path()), args.docs, params)
+    for size in args.synthetic:
+        run(SyntheticVocab(size), args.docs, params)
+
+
+if __name__ == "__main__":
+    main()
