@@ -40,6 +40,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default=None, help="device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", default=None, choices=["f32", "bf16", "f16"], help="compute dtype")
+    g.add_argument(
+        "--no-prune",
+        action="store_true",
+        help="run every prompt row through the KV-shared layers (no prefill pruning)",
+    )
     add_moe_arguments(parser)
 
 
@@ -143,6 +148,7 @@ def context_params_from_args(args: argparse.Namespace, model: Model) -> ContextP
         n_seq_max=args.parallel,
         flash_attn=args.flash_attn,
         kv_unified=getattr(args, "kv_unified", True),
+        prune=not getattr(args, "no_prune", False),
     )
 
 

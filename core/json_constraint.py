@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import TesseraError
-from tessera.json_prefix import JsonPrefix
+from tessera.json_prefix import STRING, STRING_PLAIN, JsonPrefix
 from tessera.sampling import Sampler
 
 # Rejections before the whole allowed mask is computed instead (bounds the worst case).
@@ -136,10 +136,14 @@ class JsonConstraintFactory:
                 for child in node.children.values():
                     dependent.extend(child.subtree())
                 continue
+            plain = st.mode == STRING
             for b, child in node.children.items():
-                nxt = st.copy()
-                if not nxt.step(b):
-                    continue
+                if plain and b in STRING_PLAIN:
+                    nxt = st  # unchanged, and states on the stack are never mutated
+                else:
+                    nxt = st.copy()
+                    if not nxt.step(b):
+                        continue
                 valid[child.ids] = True
                 if child.children:
                     todo.append((child, nxt))

@@ -25,6 +25,8 @@ WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
 HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 ESCAPES = frozenset(b'"\\/bfnrt')
+# String bytes that leave the parser state exactly as it was.
+STRING_PLAIN = frozenset(range(0x20, 0x80)) - {0x22, 0x5C}
 LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
 # Modes where whitespace may appear (between tokens of the grammar).
 STRUCTURAL = frozenset((START, OBJ_FIRST, OBJ_KEY, COLON, VALUE, ARR_FIRST, AFTER))

@@ -28,6 +28,7 @@ import numpy as np
 
 from tessera.context import Context
 from tessera.errors import ContextOverflowError, TesseraError
+from tessera.prompt_store import MIN_TOKENS, PromptStore, common_prefix
 from tessera.sampling import Sampler
 from tessera.slot_scheduler import step
 from tessera.slot_types import (
@@ -58,6 +59,8 @@ class EngineMetrics:
     n_batch_rows: int = 0
     t_prompt_ms: float = 0.0
     t_generate_ms: float = 0.0
+    n_prompt_store_saved: int = 0
+    n_prompt_store_restored: int = 0
 
 
 @attrs.define(eq=False)
@@ -87,15 +90,6 @@ class Slot:
         return "generating" if self.pending is not None else "prompt"
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if len(diff) else n
-
-
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 
@@ -117,12 +111,15 @@ class SlotEngine:
         ctx: Context,
         eog_ids: Collection[int] = (),
         max_queue: int = 64,
+        prompt_store_bytes: int = 0,
     ) -> None:
         self.ctx = ctx
         self.slots = [Slot(i) for i in range(ctx.params.n_seq_max)]
         self.eog_ids = np.array(sorted(eog_ids), dtype=np.int64)
         self.max_queue = max_queue
         self.metrics = EngineMetrics()
+        #: Where a slot's cache goes before another request overwrites it (None: off).
+        self.prompt_store = PromptStore(prompt_store_bytes) if prompt_store_bytes > 0 else None
         self._queue: deque[Task] = deque()
         self._controls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._cv = threading.Condition()
@@ -317,6 +314,8 @@ class SlotEngine:
                 self.finish(slot, "cancelled")
         for _, future in controls:
             future.set_exception(TesseraError("the server is shutting down"))
+        if self.prompt_store is not None:
+            self.prompt_store.close()
 
     def _reap_cancelled(self) -> None:
         for slot in self.slots:
@@ -359,6 +358,8 @@ class SlotEngine:
     def _start(self, slot: Slot, task: Task) -> None:
         req = task.request
         n_past = common_prefix(slot.cache_tokens, req.prompt) if req.cache_prompt else 0
+        if self.prompt_store is not None and req.cache_prompt:
+            n_past = self._use_prompt_store(slot, req.prompt, n_past)
         n_past = min(n_past, len(req.prompt) - 1)  # the last prompt token gives the logits
         self.ctx.kv.seq_rm(slot.id, n_past)
         del slot.cache_tokens[n_past:]
@@ -370,6 +371,22 @@ class SlotEngine:
         slot.history = list(req.prompt)
         slot.t_start, slot.t_first = time.perf_counter(), None
         self.metrics.n_prompt_tokens_cached += n_past
+
+    def _use_prompt_store(self, slot: Slot, prompt: Sequence[int], n_past: int) -> int:
+        """Save what the request would overwrite; restore a stored state that shares more
+        of the prompt than the slot does. Returns the prefix now cached."""
+        store = self.prompt_store
+        if len(slot.cache_tokens) - n_past >= MIN_TOKENS:
+            if store.save(self.ctx, slot.id, slot.cache_tokens):
+                self.metrics.n_prompt_store_saved += 1
+        entry, n_stored = store.best(prompt)
+        if entry is not None and n_stored > n_past:
+            tokens = store.restore(self.ctx, slot.id, entry)
+            if tokens is not None:
+                slot.cache_tokens = tokens
+                self.metrics.n_prompt_store_restored += 1
+                return common_prefix(tokens, prompt)
+        return n_past
 
     # -- events -----------------------------------------------------------------------
 

@@ -316,7 +316,9 @@ class BertGraph:
         return self.b.add(self.b.matmul(x, w), bias)
 
     def _norm(self, x: Any, name: str) -> Any:
-        return self.b.layer_norm(x, self.w[name + ".weight"], self.w[name + ".bias"], self.c.norm_eps)
+        return self.b.layer_norm(
+            x, self.w[name + ".weight"], self.w[name + ".bias"], self.c.norm_eps
+        )
 
     def _embed(self, inp: ForwardInput) -> Any:
         b, w = self.b, self.w
@@ -325,8 +327,10 @@ class BertGraph:
                 f"position {int(inp.positions.max())} is past this BERT model's "
                 f"{self.c.n_ctx_train} learned positions; shorten the input"
             )
-        x = b.add(b.get_rows(w["token_embd.weight"], inp.tokens),
-                  b.get_rows(w["position_embd.weight"], inp.positions))
+        x = b.add(
+            b.get_rows(w["token_embd.weight"], inp.tokens),
+            b.get_rows(w["position_embd.weight"], inp.positions),
+        )
         if "token_types.weight" in w:
             types = inp.token_types
             types = np.zeros(len(inp.tokens), np.int32) if types is None else types

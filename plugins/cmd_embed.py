@@ -139,4 +139,6 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
 @hookimpl
 def tessera_register_commands(register):
-    register(Command("embed", "embeddings of text lines (like llama-embedding)", add_arguments, run))
+    register(
+        Command("embed", "embeddings of text lines (like llama-embedding)", add_arguments, run)
+    )

@@ -62,9 +62,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     docs = read_documents(args)
     if args.pooling is None:
         args.pooling = "rank"
-    embedder = embedder_from_args(
-        args, runtime, classifier_activation=args.classifier_activation
-    )
+    embedder = embedder_from_args(args, runtime, classifier_activation=args.classifier_activation)
     scores = embedder.rerank(args.query, docs)
     if scores.ndim > 1:
         # several labels: the last one is the "relevant" class of two-label cross-encoders
@@ -82,4 +80,6 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
 @hookimpl
 def tessera_register_commands(register):
-    register(Command("rerank", "score documents against a query with a reranker", add_arguments, run))
+    register(
+        Command("rerank", "score documents against a query with a reranker", add_arguments, run)
+    )

@@ -68,6 +68,8 @@ def _from_bytes(buf: bytearray, like: Any) -> Any:
         return np.frombuffer(buf, dtype=like.dtype).reshape(like.shape)
     import torch
 
+    if not buf:  # torch.frombuffer refuses empty buffers; zero-row ubatches send none
+        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
     return torch.frombuffer(buf, dtype=like.dtype).reshape(like.shape).to(like.device)
 
 

@@ -528,4 +528,3 @@ def moe_ffn_cases(qtypes: list[Any]) -> list[Case]:
                 )
             )
     return cases
-

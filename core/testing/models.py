@@ -205,9 +205,13 @@ def make_gguf(
     seed: int = 0,
     runtime: Any = None,
     name: str | None = None,
+    metadata_overrides: Mapping[str, Any] | None = None,
     **dims: Any,
 ) -> Path:
     """Write a random-weight GGUF model of architecture ``arch``; return its path.
+
+    ``metadata_overrides`` sets metadata keys; a value of None removes the key (e.g.
+    ``{"tokenizer.chat_template": None}`` for a model without a chat template).
 
     ``size`` picks generic dims from :data:`SIZES`; ``dims`` (``n_embd``, ``n_layer``,
     ``n_head``, ``n_head_kv``, ``n_ff`` or any field the architecture's
@@ -230,6 +234,11 @@ def make_gguf(
         "general.name": name or f"tessera-test-{arch}-{size}",
         **vocab.gguf_metadata,
     }
+    for key, value in (metadata_overrides or {}).items():
+        if value is None:
+            metadata.pop(key, None)
+        else:
+            metadata[key] = value
     return write_gguf(path, metadata, tensors)
 
 

@@ -83,15 +83,26 @@ def _values(rng: np.random.Generator, pool: np.ndarray, shape: tuple[int, ...]) 
     return np.resize(np.roll(pool, -start), n).reshape(shape)
 
 
-def random_model(runtime: Any, name: str, backend: Any, n_vocab: int = DEFAULT_SHAPE_VOCAB,
-                 seed: int = 0) -> Any:  # fmt: skip
-    """A :class:`tessera.model.Model` of shape ``name`` with random weights on ``backend``
-    (no tokenizer: benchmarks feed token ids)."""
+def random_model(
+    runtime: Any,
+    name: str,
+    backend: Any = None,
+    n_vocab: int = DEFAULT_SHAPE_VOCAB,
+    seed: int = 0,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> Any:
+    """A :class:`tessera.model.Model` of shape ``name`` with random weights (no tokenizer:
+    benchmarks feed token ids). ``backend`` is a Backend, a name, or None for the best one
+    that runs the model, as :func:`tessera.model.load_model` chooses."""
     from tessera.gguf_file import RawTensor
-    from tessera.model import Model, unsupported_ops
+    from tessera.model import Model, select_backend, unsupported_ops
 
     arch, config = shape_config(runtime, name, n_vocab)
-    if missing := unsupported_ops(backend, arch, config):
+    if backend is None or isinstance(backend, str):
+        backend = select_backend(runtime, arch, config, backend, device, dtype)
+    elif missing := unsupported_ops(backend, arch, config):
         raise TesseraError(f"backend '{backend.name}' does not support {', '.join(missing)}")
     backend.use_kernels(runtime.weight_kernels())
     rng = np.random.default_rng(seed)

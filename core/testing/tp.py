@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,13 +63,20 @@ class Group:
         n = len(self.processes)
         results: list[Any] = [RankError(r, "Timeout", "no result") for r in range(n)]
         pending = set(range(n))
+        deadline = time.monotonic() + timeout_s
         try:
-            while pending:
-                rank, result = self.results.get(timeout=timeout_s)
+            while pending and time.monotonic() < deadline:
+                try:
+                    rank, result = self.results.get(timeout=0.2)
+                except queue.Empty:
+                    # A rank that exited without a result (killed) is not waited for.
+                    for r in [r for r in pending if self.processes[r].exitcode is not None]:
+                        results[r] = RankError(r, "Exited", f"code {self.processes[r].exitcode}")
+                        pending.discard(r)
+                    continue
                 results[rank] = result
                 pending.discard(rank)
-        except queue.Empty:
-            pass
+                deadline = time.monotonic() + timeout_s
         finally:
             for p in self.processes:
                 p.join(5.0)

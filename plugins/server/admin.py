@@ -103,6 +103,16 @@ async def metrics(request: Request) -> Any:
         "requests_rejected_total": (m.requests_rejected, "Requests refused (busy).", "counter"),
         "n_decode_total": (m.n_decode_calls, "Decode calls.", "counter"),
         "n_batch_rows_total": (m.n_batch_rows, "Batch rows decoded.", "counter"),
+        "prompt_store_saved_total": (
+            m.n_prompt_store_saved,
+            "Slot caches saved before a request overwrote them.",
+            "counter",
+        ),
+        "prompt_store_restored_total": (
+            m.n_prompt_store_restored,
+            "Saved prompt states restored into a slot.",
+            "counter",
+        ),
         "requests_processing": (busy, "Requests in a slot now.", "gauge"),
         "requests_deferred": (engine.n_queued, "Requests waiting for a slot.", "gauge"),
         "slots_total": (len(engine.slots), "Slots.", "gauge"),

@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-queue", type=int, default=64, help="requests that may wait for a slot (503 above)"
     )
     g.add_argument(
+        "--cache-ram",
+        type=int,
+        default=256,
+        help="MiB of saved prompt states kept when slots are reused (0 = off)",
+    )
+    g.add_argument(
         "--pooling",
         choices=["none", "mean", "cls", "last", "rank"],
         default=None,
@@ -83,7 +89,12 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
     )
     if settings.slot_save_path is not None:
         settings.slot_save_path.mkdir(parents=True, exist_ok=True)
-    engine = SlotEngine(ctx, eog_ids=model.tokenizer.eog_ids, max_queue=args.max_queue)
+    engine = SlotEngine(
+        ctx,
+        eog_ids=model.tokenizer.eog_ids,
+        max_queue=args.max_queue,
+        prompt_store_bytes=max(args.cache_ram, 0) << 20,
+    )
     return ServerState(
         runtime=runtime,
         settings=settings,

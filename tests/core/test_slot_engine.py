@@ -14,7 +14,8 @@ from tessera.errors import ContextOverflowError
 from tessera.model import default_model_path, load_model
 from tessera.runtime import Runtime
 from tessera.sampling import Sampler, SamplerParams
-from tessera.slot_engine import SlotEngine, common_prefix, slot_file_path
+from tessera.prompt_store import common_prefix
+from tessera.slot_engine import SlotEngine, slot_file_path
 from tessera.slot_types import (
     EngineBusyError,
     FinishEvent,
@@ -118,6 +119,26 @@ def test_cache_prompt_false_evaluates_everything(model):
     finally:
         engine.stop()
     assert engine.metrics.n_prompt_tokens == 2 * len(p)
+
+
+def test_a_reused_slot_saves_its_cache_and_a_later_request_gets_it_back(model):
+    engine = _engine(model, n_slots=1, prompt_store_bytes=64 << 20)
+    try:
+        tok = model.tokenizer
+        story = tok.encode("Once upon a time there was a little dog who lived in a small house")
+        other = tok.encode("In the morning, the sun came up over the green hills and")
+        runs = []
+        for p in (story, other, story):
+            c = Collector()
+            engine.submit(GenerationRequest(p, max_tokens=6, sampler=GREEDY), c)
+            runs.append(c.wait())
+    finally:
+        engine.stop()
+    assert engine.metrics.n_prompt_store_saved == 2  # each request overwrote the other
+    assert engine.metrics.n_prompt_store_restored == 1
+    (first, _), _, (again, finish) = runs
+    assert finish.n_cached == len(story) - 1
+    assert again == first == _reference(model, story, 6)
 
 
 def test_cancel_frees_the_slot_at_once(model):

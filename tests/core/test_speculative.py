@@ -130,7 +130,13 @@ def test_eog_inside_a_draft_stops_like_plain_decoding(model):
     stats = SpecStats()
     got = list(
         generate_speculative(
-            ctx, prompt, 40, Sampler(GREEDY), drafter, SpecParams(draft_max=8), eog_ids=eog,
+            ctx,
+            prompt,
+            40,
+            Sampler(GREEDY),
+            drafter,
+            SpecParams(draft_max=8),
+            eog_ids=eog,
             stats=stats,
         )
     )
@@ -185,7 +191,12 @@ def test_rollback_with_scripted_rejections(model):
     stats = SpecStats()
     got = list(
         generate_speculative(
-            ctx, prompt, 25, Sampler(GREEDY), drafter, SpecParams(draft_max=6, adaptive=False),
+            ctx,
+            prompt,
+            25,
+            Sampler(GREEDY),
+            drafter,
+            SpecParams(draft_max=6, adaptive=False),
             stats=stats,
         )
     )

@@ -85,7 +85,9 @@ def test_logits_of_every_prompt_row_match_transformers(oracle, source, backend):
 @pytest.mark.parametrize("source", SOURCES)
 def test_greedy_continuation_matches_transformers_generate(oracle, source, backend):
     ctx = Context(load(oracle.files[source], backend), ContextParams(n_ctx=64))
-    tokens = list(generate(ctx, oracle.prompt.tolist(), N_PREDICT, Sampler(SamplerParams(temperature=0))))
+    tokens = list(
+        generate(ctx, oracle.prompt.tolist(), N_PREDICT, Sampler(SamplerParams(temperature=0)))
+    )
     assert tokens == oracle.greedy
 
 

@@ -139,8 +139,10 @@ def test_negative_budget_is_refused():
 def logits_of(model, prompt, n_ubatch=512):
     ctx = Context(model, ContextParams(n_ctx=64, n_ubatch=n_ubatch))
     first = ctx.decode(Batch.for_sequence(prompt, logits="all"))
-    steps = [ctx.decode(Batch.for_sequence([t], start_pos=len(prompt) + i)) for i, t in
-             enumerate(prompt[:4])]
+    steps = [
+        ctx.decode(Batch.for_sequence([t], start_pos=len(prompt) + i))
+        for i, t in enumerate(prompt[:4])
+    ]
     return np.concatenate([first, *steps])
 
 
@@ -209,4 +211,6 @@ def test_without_the_cache_plugin_offloaded_experts_still_run(moe_gguf):
     model = load_model(moe_gguf, runtime, "numpy", moe=MoEOptions(cpu_moe=True, cache_mib=1))
     assert model.experts.cache is None
     prompt = np.arange(5)
-    np.testing.assert_array_equal(logits_of(model, prompt), logits_of(load(moe_gguf, "numpy"), prompt))
+    np.testing.assert_array_equal(
+        logits_of(model, prompt), logits_of(load(moe_gguf, "numpy"), prompt)
+    )

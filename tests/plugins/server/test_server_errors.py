@@ -10,6 +10,7 @@ import urllib.request
 import openai
 import pytest
 
+from tessera.chat import ChatTemplate
 from tessera.testing.server import live_server
 
 
@@ -175,3 +176,38 @@ def test_slot_actions_without_a_save_path_are_501(keyed_server):
         {"Authorization": "Bearer s3cret"},
     )
     _assert_error(status, body, 501, "--slot-save-path")
+
+
+@pytest.fixture(scope="module")
+def untemplated_model(tmp_path_factory):
+    from tessera.testing.models import make_gguf
+
+    path = make_gguf(
+        tmp_path_factory.mktemp("m") / "tiny.gguf",
+        "llama",
+        seed=3,
+        metadata_overrides={"tokenizer.chat_template": None},
+    )
+    from tessera.gguf_file import read_gguf
+
+    assert "tokenizer.chat_template" not in read_gguf(path).metadata
+    return path
+
+
+def test_chat_on_a_model_without_a_template_is_400_and_a_flag_fixes_it(untemplated_model):
+    argv = ["-m", str(untemplated_model), "--backend", "numpy", "-np", "1", "-c", "128"]
+    messages = [{"role": "user", "content": "hi"}]
+    with live_server(argv) as srv:
+        client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+        # completions need no template
+        assert client.completions.create(model="m", prompt="hi", max_tokens=2).choices
+    chatml = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    chatml += "{% endfor %}<|im_start|>assistant\n"
+    with live_server([*argv, "--chat-template", chatml]) as srv:
+        client = openai.OpenAI(base_url=srv.v1, api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="m", messages=messages, max_tokens=2)
+        assert r.choices[0].message.role == "assistant"
+        text = ChatTemplate(chatml).render(messages, add_generation_prompt=True)
+        assert r.usage.prompt_tokens == len(srv.state.tokenizer.encode(text, parse_special=True))

@@ -1,0 +1,180 @@
+"""Expert cache benchmark: tg128 and pp512 with every expert offloaded, cache off / on.
+
+    .venv/bin/python bench/moe_cache.py                          # the bundled trained MoE
+    .venv/bin/python bench/moe_cache.py --model scaled           # Qwen3-30B-A3B shape, scaled
+    .venv/bin/python bench/moe_cache.py --model path/to/moe.gguf --budgets 0,0.25,0.5,1
+
+Configurations, measured side by side in rounds (best of ``--repeat``; the cores may be
+shared, so compare ratios within one run):
+
+- ``resident``: every expert loaded once (no ``--cpu-moe``), the default;
+- ``resident, no cache plugin``: the same with the ``moe-cache`` plugin disabled — the
+  "everything fits, cache off" case must not be slower than without the feature;
+- ``cpu-moe, cache off``: experts stay in the slow tier (the mmapped GGUF) and are
+  converted to the backend's form at every use;
+- ``cpu-moe, cache X%``: ``--moe-cache-mib`` set to X% of all offloaded experts' bytes.
+
+tg128: greedy decode of 128 tokens after a 32-token prompt of Python documentation text
+(real text, so a trained router shows its token-to-token locality); pp512: one 512-token
+prompt. Hit rates are the cache's counters over the timed part of the last round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tessera.batch import Batch
+from tessera.context import Context, ContextParams
+from tessera.experts import MoEOptions
+from tessera.model import load_model
+from tessera.runtime import Runtime
+from tessera.testing import make_gguf
+
+TRAINED = Path(__file__).resolve().parent.parent / "core" / "default_model" / "tessera-moe.gguf"
+#: Qwen3-30B-A3B keeps 128 experts, top-8; width, expert size and depth are scaled down
+#: (2048 -> 256 hidden, 768 -> 96 expert FFN, 48 -> 4 layers) to fit a small machine.
+SCALED = {
+    "n_embd": 256,
+    "n_layer": 4,
+    "n_head": 4,
+    "n_head_kv": 1,
+    "head_dim": 64,
+    "n_expert": 128,
+    "n_expert_used": 8,
+    "n_ff_exp": 96,
+}
+
+
+def prompt_tokens(model, n: int) -> list[int]:
+    """``n`` tokens of Python documentation (the training corpus's domain)."""
+    from pydoc_data.topics import topics
+
+    text = "\n".join(topics[k] for k in sorted(topics))
+    ids = model.tokenizer.encode(text[: n * 8]) if model.tokenizer else []
+    if len(ids) < n:
+        ids = list(np.random.default_rng(0).integers(0, model.n_vocab, n))
+    return [int(t) for t in ids[:n]]
+
+
+def counters(model) -> tuple[int, int]:
+    cache = model.experts.cache if model.experts else None
+    if cache is None:
+        return 0, 0
+    s = cache.stats()
+    return s["hits"], s["misses"]
+
+
+def run_tg(model, prompt: list[int], n_gen: int) -> tuple[float, tuple[int, int]]:
+    ctx = Context(model, ContextParams(n_ctx=len(prompt) + n_gen + 1))
+    logits = ctx.decode(Batch.for_sequence(prompt))
+    before = counters(model)
+    start = time.perf_counter()
+    for i in range(n_gen):
+        token = int(np.argmax(logits[-1]))
+        logits = ctx.decode(Batch.for_sequence([token], start_pos=len(prompt) + i))
+    seconds = time.perf_counter() - start
+    after = counters(model)
+    return n_gen / seconds, (after[0] - before[0], after[1] - before[1])
+
+
+def run_pp(model, prompt: list[int]) -> tuple[float, tuple[int, int]]:
+    ctx = Context(model, ContextParams(n_ctx=len(prompt), n_ubatch=len(prompt)))
+    before = counters(model)
+    start = time.perf_counter()
+    ctx.decode(Batch.for_sequence(prompt))
+    seconds = time.perf_counter() - start
+    after = counters(model)
+    return len(prompt) / seconds, (after[0] - before[0], after[1] - before[1])
+
+
+def hit_rate(hm: tuple[int, int]) -> str:
+    return f"{hm[0] / (hm[0] + hm[1]):.0%}" if hm[0] + hm[1] else "—"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="trained", help="trained, scaled, or a GGUF path")
+    ap.add_argument("--slow-type", default="q8_0", help="storage type of the scaled model")
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--budgets", default="0.25,0.5,1", help="cache sizes, fractions of experts")
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--n-prompt", type=int, default=512)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+
+    if args.model == "trained":
+        path = TRAINED
+    elif args.model == "scaled":
+        tmp = Path(tempfile.mkdtemp())
+        path = make_gguf(tmp / "scaled.gguf", "qwen3moe", qtype=args.slow_type, **SCALED)
+    else:
+        path = Path(args.model)
+
+    def load(runtime, **moe):
+        backend = runtime.create_backend(args.backend, dtype=args.dtype)
+        backend.set_threads(args.threads)
+        return load_model(path, runtime, backend, moe=MoEOptions(**moe))
+
+    runtime, bare = Runtime(), Runtime(disabled=["moe-cache"])
+    off = load(runtime, cpu_moe=True)
+    expert_bytes = sum(s.n_expert * s.expert_nbytes() for s in off.experts.slow_layers())
+    configs = {
+        "resident": load(runtime),
+        "resident, no cache plugin": load(bare),
+        "cpu-moe, cache off": off,
+    }
+    for frac in (float(f) for f in args.budgets.split(",")):
+        mib = frac * expert_bytes / 2**20
+        configs[f"cpu-moe, cache {frac:.0%} ({mib:.2f} MiB)"] = load(
+            runtime, cpu_moe=True, cache_mib=mib
+        )
+    model = configs["resident"]
+    n_ctx = min(model.n_ctx_train, args.n_prompt)
+    pp_prompt = prompt_tokens(model, n_ctx)
+    tg_prompt = pp_prompt[:32]
+    print(
+        f"model {path.name} ({model.config.arch}, {model.config.n_expert} experts, top "
+        f"{model.config.n_expert_used}); backend {model.backend.name}/{model.backend.dtype}, "
+        f"{args.threads} threads; offloaded expert bytes {expert_bytes / 2**20:.2f} MiB "
+        f"(backend form); pp{len(pp_prompt)}, tg{args.n_gen}; best of {args.repeat} rounds"
+    )
+    best: dict[str, list[float]] = {name: [0.0, 0.0] for name in configs}
+    hits: dict[str, list] = {}
+    for name, m in configs.items():  # warm-up: first-touch costs stay out of the numbers
+        run_pp(m, pp_prompt[:64])
+    for _ in range(args.repeat):
+        for name, m in configs.items():
+            tg, tg_hm = run_tg(m, tg_prompt, args.n_gen)
+            pp, pp_hm = run_pp(m, pp_prompt)
+            best[name] = [max(best[name][0], tg), max(best[name][1], pp)]
+            hits[name] = [tg_hm, pp_hm]
+    base_tg, base_pp = best["cpu-moe, cache off"]
+    res_tg, res_pp = best["resident, no cache plugin"]
+    print()
+    print("| config | tg t/s | tg vs cache off | tg hit rate | pp t/s | pp vs cache off | pp hit rate |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (tg, pp) in best.items():
+        tg_hm, pp_hm = hits[name]
+        print(
+            f"| {name} | {tg:.1f} | {tg / base_tg:.2f}x | {hit_rate(tg_hm)} | {pp:.1f} | "
+            f"{pp / base_pp:.2f}x | {hit_rate(pp_hm)} |"
+        )
+    print()
+    print(
+        f"resident with vs without the cache plugin: tg {best['resident'][0] / res_tg:.3f}x, "
+        f"pp {best['resident'][1] / res_pp:.3f}x"
+    )
+    for name, m in configs.items():
+        if m.experts and m.experts.cache is not None:
+            print(f"{name}: {m.experts.cache.stats()}")
+
+
+if __name__ == "__main__":
+    main()
