@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import TesseraError
-from tessera.json_prefix import STRING, STRING_PLAIN, JsonPrefix
+from tessera.json_prefix import AFTER, COLON, STRING, STRING_PLAIN, JsonPrefix
+from tessera.json_string_scan import STRING_MODES, StringScanner
 from tessera.sampling import Sampler
 
 # Rejections before the whole allowed mask is computed instead (bounds the worst case).
@@ -34,6 +35,8 @@ MASK_CACHE_SIZE = 256
 MIN_P_WINDOW = 64
 # TESSERA_JSON_REJECTION=0 turns off rejection sampling: every step computes the full mask.
 REJECTION_ENV = "TESSERA_JSON_REJECTION"
+# TESSERA_JSON_VECTOR=0 checks string states with the trie walk instead of the numpy scan.
+VECTOR_ENV = "TESSERA_JSON_VECTOR"
 
 
 class _TrieNode:
@@ -59,6 +62,7 @@ class JsonConstraintFactory:
         *,
         max_ws_run: int = 16,
         rejection: bool | None = None,
+        vector_strings: bool | None = None,
         rejection_tries: int = REJECTION_TRIES,
         mask_cache_size: int = MASK_CACHE_SIZE,
     ) -> None:
@@ -89,6 +93,9 @@ class JsonConstraintFactory:
                 "use a model whose vocabulary sets tokenizer.ggml.eos_token_id"
             )
         self._masks: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        if vector_strings is None:
+            vector_strings = os.environ.get(VECTOR_ENV, "1") != "0"
+        self._strings = StringScanner(self.token_bytes) if vector_strings else None
 
     def new(self) -> JsonConstraint:
         """A fresh constraint for one generation, at the start of the document."""
@@ -109,7 +116,10 @@ class JsonConstraintFactory:
         mask = self.cached_mask(state)
         if mask is not None:
             return mask
-        entry = self._walk_trie(state)
+        if self._strings is not None and state.mode in STRING_MODES:
+            entry = self._scan_string(state)
+        else:
+            entry = self._walk_trie(state)
         if self.mask_cache_size > 0:
             self._masks[state.key()] = entry
             if len(self._masks) > self.mask_cache_size:
@@ -122,6 +132,27 @@ class JsonConstraintFactory:
         for i in dependent:
             mask[i] = state.accepts(self.token_bytes[i])
         return mask
+
+    def _scan_string(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
+        """The trie walk's answer for a state inside a string, from the vectorised scan plus
+        the parser for what follows a closing quote inside a token."""
+        scan = self._strings.scan(state)
+        valid = scan.valid.copy()
+        dependent: list[int] = []
+        closed = state.copy()
+        closed.mode, closed.aux, closed.is_key = (COLON if state.is_key else AFTER), None, False
+        floor = -1 if len(state.stack) <= 2 else len(state.stack) - 2
+        for token, start in zip(scan.closers.tolist(), scan.close_at.tolist(), strict=True):
+            st = closed.copy()
+            for b in self.token_bytes[token][start:]:
+                if len(st.stack) <= floor:
+                    dependent.append(token)
+                    break
+                if not st.step(b):
+                    break
+            else:
+                valid[token] = True
+        return valid, np.asarray(dependent, dtype=np.int64)
 
     def _walk_trie(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
         """Valid tokens for the state's key, plus tokens that pop below what the key knows

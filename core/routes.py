@@ -86,20 +86,89 @@ class ServerSettings:
     embd_normalize: int = 2
 
 
+@attrs.define(eq=False)
+class ServedModel:
+    """One model a server answers with: the model, its tokenizer and slot engine."""
+
+    #: The name clients use in the ``model`` field.
+    name: str
+    path: str
+    model: Any
+    tokenizer: Any
+    engine: Any
+    #: ``--chat-template`` (None: the model's own).
+    chat_template: str | None
+    settings: ServerSettings
+    #: Lazily built :class:`tessera.embedding.Embedder` (its own context, never the slots').
+    embedder: Any = None
+    #: Per-model state of plugins (e.g. the JSON-constraint tables of its vocabulary).
+    extras: dict[str, Any] = attrs.field(factory=dict)
+
+
+class ModelPool:
+    """The models a server serves. The single-model pool answers every ``model`` name
+    with its one model, as llama.cpp does; a multi-model pool routes by name and may load
+    and unload models on demand."""
+
+    async def acquire(self, name: str | None) -> ServedModel:
+        """The model a request names (None: the default); ApiError 404 if none."""
+        raise NotImplementedError
+
+    def served(self) -> list[ServedModel]:
+        """The models loaded now."""
+        raise NotImplementedError
+
+    def describe(self) -> list[dict[str, Any]]:
+        """``/v1/models`` entries (``id``, ``object``, ``context_length`` ...)."""
+        return [describe_model(m) for m in self.served()]
+
+    def start(self) -> None:
+        for m in self.served():
+            m.engine.start()
+
+    def close(self) -> None:
+        for m in self.served():
+            m.engine.stop()
+
+
+def describe_model(served: ServedModel, created: int = 0) -> dict[str, Any]:
+    """The ``/v1/models`` entry of a loaded model."""
+    model, n_ctx = served.model, served.engine.ctx.n_ctx
+    return {
+        "id": served.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "tessera",
+        "context_length": n_ctx,
+        "meta": {
+            "n_ctx": n_ctx,
+            "n_ctx_train": model.n_ctx_train,
+            "n_vocab": model.n_vocab,
+            "architecture": model.arch.names[0] if model.arch.names else "",
+            "path": served.path,
+        },
+    }
+
+
+class SingleModelPool(ModelPool):
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
+
+    async def acquire(self, name: str | None) -> ServedModel:
+        return self.model
+
+    def served(self) -> list[ServedModel]:
+        return [self.model]
+
+
 @attrs.define
 class ServerState:
-    """Everything a route handler can use: the model, its tokenizer, the slot engine."""
+    """Everything a route handler can use: settings and the pool of served models."""
 
     runtime: Any
     settings: ServerSettings
-    model: Any
-    model_path: str
-    tokenizer: Any
-    engine: Any
-    chat_template: str | None
+    pool: ModelPool
     started: float = attrs.field(factory=time.time)
-    #: Lazily built :class:`tessera.embedding.Embedder` (its own context, never the slots').
-    embedder: Any = None
     #: Plugins may keep their own state here, under their plugin name.
     extras: dict[str, Any] = attrs.field(factory=dict)
     #: Extra /metrics counters: each callable returns ``{name: (value, help, type)}`` with
@@ -108,6 +177,7 @@ class ServerState:
         factory=list
     )
 
-    @property
-    def model_name(self) -> str:
-        return self.settings.alias or Path(self.model_path).name
+    async def model_for(self, request: Any, name: str | None = None) -> ServedModel:
+        """The model a request is for: ``name`` (the body's ``model``), else the
+        ``?model=`` query parameter, else the default."""
+        return await self.pool.acquire(name or request.query_params.get("model"))

@@ -466,21 +466,24 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
 
 def linear_cases(qtypes: list[Any]) -> list[Case]:
     """``linear``: matmul plus a bias row, on every weight type (BERT's dense layers)."""
-    return [
-        Case(
-            f"linear-{qt.name}-T7-N48-K64",
-            "linear",
-            {"quant_type": qt.name},
-            lambda rng, qt=qt: {
-                "x": _normal(rng, 7, 64),
-                "w": Weight(_normal(rng, 48, 64, scale=0.1), qt),
-                "bias": _normal(rng, 48),
-            },
-            lambda b, a: b.linear(a["x"], a["w"], a["bias"]),
-            (7, 48),
+    cases = []
+    for qt in qtypes:
+        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        cases.append(
+            Case(
+                f"linear-{qt.name}-T7-N48-K{n_in}",
+                "linear",
+                {"quant_type": qt.name},
+                lambda rng, qt=qt, k=n_in: {
+                    "x": _normal(rng, 7, k),
+                    "w": Weight(_normal(rng, 48, k, scale=0.1), qt),
+                    "bias": _normal(rng, 48),
+                },
+                lambda b, a: b.linear(a["x"], a["w"], a["bias"]),
+                (7, 48),
+            )
         )
-        for qt in qtypes
-    ]
+    return cases
 
 
 #: ``moe_ffn`` cases: (rows, experts, experts used per row, expert FFN size).

@@ -26,6 +26,11 @@ class LiveServer:
     def v1(self) -> str:
         return self.url + "/v1"
 
+    @property
+    def model(self) -> Any:
+        """The default :class:`tessera.routes.ServedModel` (model, tokenizer, engine)."""
+        return self.state.pool.served()[0]
+
 
 @contextlib.contextmanager
 def live_server(argv: Sequence[str] = (), runtime: Runtime | None = None) -> Iterator[LiveServer]:

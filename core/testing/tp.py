@@ -1,10 +1,11 @@
 """Running a tensor-parallel group inside a test: N spawned ranks on free loopback ports.
 
 :func:`run_group` starts ``world_size`` processes (multiprocessing ``spawn``; torch
-limited to one thread each by ``OMP_NUM_THREADS``) that call ``target(rank, world_size, master, *args)`` and
-returns what each returned, or the error each raised (as :class:`RankError`), in rank
-order. :func:`check_communicator` is the communicator conformance kit: every collective
-against numpy, for a plugin author's own communicator::
+limited to one thread each by ``OMP_NUM_THREADS``) that call
+``target(rank, world_size, master, *args)``, and returns what each returned, or the
+error each raised (as :class:`RankError`), in rank order. :func:`check_communicator` is
+the communicator conformance kit: every collective against numpy, for a plugin
+author's own communicator::
 
     results = run_group(2, check_communicator, "my-communicator")
     assert all(r == "ok" for r in results)

@@ -25,52 +25,30 @@ async def health(request: Request) -> Any:
 
 
 async def models(request: Request) -> Any:
-    state = _state(request)
-    model = state.model
-    n_ctx = state.engine.ctx.n_ctx
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": int(state.started),
-                    "owned_by": "tessera",
-                    "context_length": n_ctx,
-                    "meta": {
-                        "n_ctx": n_ctx,
-                        "n_ctx_train": model.n_ctx_train,
-                        "n_vocab": model.n_vocab,
-                        "architecture": model.arch.names[0] if model.arch.names else "",
-                        "path": state.model_path,
-                    },
-                }
-            ],
-        }
-    )
+    return JSONResponse({"object": "list", "data": _state(request).pool.describe()})
 
 
 async def props(request: Request) -> Any:
     from tessera.plugin_report import plugins_report
 
     state = _state(request)
-    ctx = state.engine.ctx
-    backend = state.model.backend
+    served = await state.model_for(request)
+    ctx = served.engine.ctx
+    backend = served.model.backend
     return JSONResponse(
         {
-            "model_path": state.model_path,
-            "model_alias": state.model_name,
-            "model_identity": state.model.identity,
+            "model_path": served.path,
+            "model_alias": served.name,
+            "model_identity": served.model.identity,
             "n_ctx": ctx.n_ctx,
             "n_batch": ctx.params.n_batch,
             "n_ubatch": ctx.n_ubatch,
-            "total_slots": len(state.engine.slots),
+            "total_slots": len(served.engine.slots),
             "backend": backend.name,
             "dtype": backend.dtype,
             "kv_path": ctx.kv_path,
             "kv_path_reason": ctx.kv_path_reason,
-            "chat_template": state.chat_template or state.model.chat_template or "",
+            "chat_template": served.chat_template or served.model.chat_template or "",
             "slot_save_path": str(state.settings.slot_save_path or ""),
             "plugins": plugins_report(state.runtime, probe=False)["plugins"],
         }
@@ -85,7 +63,8 @@ def _metric(lines: list[str], name: str, value: float, help_text: str, kind: str
 async def metrics(request: Request) -> Any:
     """Prometheus text exposition of the engine's counters and gauges."""
     state = _state(request)
-    engine, m = state.engine, state.engine.metrics
+    served = await state.model_for(request)
+    engine, m = served.engine, served.engine.metrics
     kv = engine.ctx.kv
     busy = sum(1 for s in engine.slots if s.task is not None)
     values = {
@@ -128,12 +107,12 @@ async def metrics(request: Request) -> Any:
 
 
 async def tokenize(request: Request) -> Any:
-    state = _state(request)
     f = Fields(await read_json(request))
+    served = await _state(request).model_for(request, f.get("model"))
     content = f.required("content")
     if not isinstance(content, str):
         raise ApiError(400, "'content' must be a string", "content")
-    tok = state.tokenizer
+    tok = served.tokenizer
     ids = tok.encode(
         content,
         add_special=f.boolean("add_special", False),
@@ -145,19 +124,20 @@ async def tokenize(request: Request) -> Any:
 
 
 async def detokenize(request: Request) -> Any:
-    state = _state(request)
     f = Fields(await read_json(request))
+    served = await _state(request).model_for(request, f.get("model"))
     ids = f.get("tokens", [])
-    n_vocab = state.tokenizer.n_vocab
+    n_vocab = served.tokenizer.n_vocab
     if not isinstance(ids, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in ids
     ):
         raise ApiError(400, f"'tokens' must be a list of token ids in [0, {n_vocab})", "tokens")
-    return JSONResponse({"content": state.tokenizer.decode(ids)})
+    return JSONResponse({"content": served.tokenizer.decode(ids)})
 
 
 async def slots(request: Request) -> Any:
-    return JSONResponse(_state(request).engine.slots_info())
+    served = await _state(request).model_for(request)
+    return JSONResponse(served.engine.slots_info())
 
 
 async def slot_action(request: Request) -> Any:
@@ -167,7 +147,7 @@ async def slot_action(request: Request) -> Any:
     except ValueError:
         raise ApiError(400, "the slot id must be an integer") from None
     action = request.query_params.get("action", "")
-    engine = state.engine
+    engine = (await state.model_for(request)).engine
     try:
         if action == "erase":
             return JSONResponse(engine.erase_slot(id_slot))

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from tessera.chat_session import ChatSession, chat_template
 from tessera.errors import TesseraError
-from tessera.routes import ApiError, ServerState
+from tessera.routes import ApiError, ServedModel, ServerState
 
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
@@ -29,7 +29,7 @@ from .openai_common import (
 )
 
 
-def _session(state: ServerState, f: Fields) -> ChatSession:
+def _session(served: ServedModel, f: Fields) -> ChatSession:
     messages = f.required("messages")
     if (
         not isinstance(messages, list)
@@ -39,14 +39,14 @@ def _session(state: ServerState, f: Fields) -> ChatSession:
         raise ApiError(
             400, "'messages' must be a non-empty list of objects with a 'role'", "messages"
         )
-    tok = state.tokenizer
+    tok = served.tokenizer
     tools = f.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise ApiError(400, "'tools' must be a list of tool objects", "tools")
     try:
         template = chat_template(
-            state.model.metadata,
-            state.chat_template,
+            served.model.metadata,
+            served.chat_template,
             tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
             tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "",
         )
@@ -63,9 +63,9 @@ def _session(state: ServerState, f: Fields) -> ChatSession:
         raise ApiError(400, str(exc)) from None
 
 
-def prompt_tokens(state: ServerState, text: str) -> list[int]:
+def prompt_tokens(served: ServedModel, text: str) -> list[int]:
     """Tokens of a rendered chat prompt; a BOS the template wrote is not added twice."""
-    tok = state.tokenizer
+    tok = served.tokenizer
     bos = tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else ""
     add_special = not (bos and text.startswith(bos))
     return tok.encode(text, add_special=add_special, parse_special=True)
@@ -74,17 +74,18 @@ def prompt_tokens(state: ServerState, text: str) -> list[int]:
 async def chat_completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
+    served = await state.model_for(request, f.get("model"))
     n = f.integer("n", 1, 1, 16)
-    sessions = [_session(state, f) for _ in range(n)]
-    prompt = prompt_tokens(state, sessions[0].prompt())
+    sessions = [_session(served, f) for _ in range(n)]
+    prompt = prompt_tokens(served, sessions[0].prompt())
     want_logprobs = f.boolean("logprobs", False)
     n_top = f.integer("top_logprobs", 0, 0, 20) if want_logprobs else -1
-    requests = generation_requests(f, state, prompt, n, max_tokens(f, state, -1), n_top)
-    runs = start_runs(state, requests, f.string_list("stop"))
-    head = response_head(state, "chat.completion", "chatcmpl")
+    requests = generation_requests(f, served, prompt, n, max_tokens(f, served, -1), n_top)
+    runs = start_runs(served, requests, f.string_list("stop"))
+    head = response_head(served, "chat.completion", "chatcmpl")
     if f.boolean("stream", False):
         return StreamingResponse(
-            _stream(state, f, head, runs, sessions, want_logprobs),
+            _stream(served, f, head, runs, sessions, want_logprobs),
             media_type="text/event-stream",
             headers=SSE_HEADERS,
         )
@@ -95,7 +96,7 @@ async def chat_completions(request: Request) -> Any:
         result = session.finish()
         logprobs = None
         if want_logprobs:
-            logprobs = {"content": [logprob_entry(state, e) for e in run.tokens]}
+            logprobs = {"content": [logprob_entry(served, e) for e in run.tokens]}
         choices.append(
             {
                 "index": i,
@@ -116,7 +117,7 @@ async def chat_completions(request: Request) -> Any:
 
 
 def _stream(
-    state: ServerState,
+    served: ServedModel,
     f: Fields,
     head: dict,
     runs: list[ChoiceRun],
@@ -141,7 +142,7 @@ def _stream(
 
     def on_piece(i: int, piece: Piece) -> list[dict]:
         if want_logprobs and piece.token is not None:
-            pending[i].append(logprob_entry(state, piece.token))
+            pending[i].append(logprob_entry(served, piece.token))
         return deltas(i, sessions[i].feed(piece.text))
 
     def on_end(i: int) -> list[dict]:

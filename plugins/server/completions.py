@@ -7,7 +7,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tessera.routes import ApiError, ServerState
+from tessera.routes import ApiError, ServedModel, ServerState
 
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
@@ -20,9 +20,9 @@ from .openai_common import (
 )
 
 
-def prompts_of(state: ServerState, prompt: Any) -> list[list[int]]:
+def prompts_of(served: ServedModel, prompt: Any) -> list[list[int]]:
     """OpenAI's prompt forms: a string, token ids, or a list of either."""
-    tok = state.tokenizer
+    tok = served.tokenizer
 
     def one(p: Any) -> list[int]:
         if isinstance(p, str):
@@ -36,9 +36,9 @@ def prompts_of(state: ServerState, prompt: Any) -> list[list[int]]:
     return [one(prompt)]
 
 
-def _logprobs(state: ServerState, run: ChoiceRun, offset: int = 0) -> dict[str, Any]:
+def _logprobs(served: ServedModel, run: ChoiceRun, offset: int = 0) -> dict[str, Any]:
     """The legacy ``logprobs`` object: tokens, their logprobs, top alternatives, offsets."""
-    tok = state.tokenizer
+    tok = served.tokenizer
     pieces = [tok.token_to_piece(e.token) for e in run.tokens]
     offsets, at = [], offset
     for p in pieces:
@@ -57,17 +57,18 @@ def _logprobs(state: ServerState, run: ChoiceRun, offset: int = 0) -> dict[str, 
 async def completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
-    prompts = prompts_of(state, f.required("prompt"))
+    served = await state.model_for(request, f.get("model"))
+    prompts = prompts_of(served, f.required("prompt"))
     n = f.integer("n", 1, 1, 16)
     logprobs = f.integer("logprobs", None, 0, 20)
-    n_predict = max_tokens(f, state, default=16)
+    n_predict = max_tokens(f, served, default=16)
     stream = f.boolean("stream", False)
     n_top = -1 if logprobs is None else logprobs
     requests = [
-        req for p in prompts for req in generation_requests(f, state, p, n, n_predict, n_top)
+        req for p in prompts for req in generation_requests(f, served, p, n, n_predict, n_top)
     ]
-    runs = start_runs(state, requests, f.string_list("stop"))
-    head = response_head(state, "text_completion", "cmpl")
+    runs = start_runs(served, requests, f.string_list("stop"))
+    head = response_head(served, "text_completion", "cmpl")
     if stream:
         include_usage = bool((f.obj("stream_options") or {}).get("include_usage"))
 
@@ -95,7 +96,7 @@ async def completions(request: Request) -> Any:
         {
             "index": i,
             "text": r.text,
-            "logprobs": None if logprobs is None else _logprobs(state, r),
+            "logprobs": None if logprobs is None else _logprobs(served, r),
             "finish_reason": r.finish_reason,
         }
         for i, r in enumerate(runs)

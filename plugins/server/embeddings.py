@@ -14,29 +14,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from tessera.errors import ContextOverflowError, TesseraError
-from tessera.routes import ApiError, ServerState
+from tessera.routes import ApiError, ServedModel, ServerState
 
 from .fields import Fields, read_json
 
 
-def _embedder(state: ServerState) -> Any:
+def _embedder(served: ServedModel) -> Any:
     try:
         from tessera.embedding import Embedder
     except ImportError:
         raise ApiError(501, "this build of tessera has no embedding engine") from None
-    if state.embedder is None:
+    if served.embedder is None:
         try:
-            settings = state.settings
-            state.embedder = Embedder(
-                state.model, pooling=settings.pooling, normalize=settings.embd_normalize
+            settings = served.settings
+            served.embedder = Embedder(
+                served.model, pooling=settings.pooling, normalize=settings.embd_normalize
             )
         except TesseraError as exc:
             raise ApiError(501, f"embeddings are not available for this model: {exc}") from None
-    return state.embedder
+    return served.embedder
 
 
-def _inputs(state: ServerState, value: Any) -> list[list[int]]:
-    tok = state.tokenizer
+def _inputs(served: ServedModel, value: Any) -> list[list[int]]:
+    tok = served.tokenizer
     if isinstance(value, str):
         value = [value]
     elif isinstance(value, list) and value and all(isinstance(t, int) for t in value):
@@ -57,12 +57,13 @@ def _inputs(state: ServerState, value: Any) -> list[list[int]]:
 async def embeddings(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
-    inputs = _inputs(state, f.required("input"))
+    served = await state.model_for(request, f.get("model"))
+    inputs = _inputs(served, f.required("input"))
     dims = f.integer("dimensions", None, 1)
     encoding = f.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise ApiError(400, "'encoding_format' must be float or base64", "encoding_format")
-    embedder = _embedder(state)
+    embedder = _embedder(served)
     try:
         vectors = await asyncio.to_thread(embedder.embed, inputs, dims)
     except ContextOverflowError as exc:
@@ -80,7 +81,7 @@ async def embeddings(request: Request) -> Any:
         {
             "object": "list",
             "data": data,
-            "model": state.model_name,
+            "model": served.name,
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
         }
     )
@@ -89,6 +90,7 @@ async def embeddings(request: Request) -> Any:
 async def rerank(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
+    served = await state.model_for(request, f.get("model"))
     query = f.required("query")
     documents = f.required("documents")
     if not isinstance(query, str):
@@ -96,7 +98,7 @@ async def rerank(request: Request) -> Any:
     if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
         raise ApiError(400, "'documents' must be a list of strings", "documents")
     top_n = f.integer("top_n", len(documents), 1)
-    embedder = _embedder(state)
+    embedder = _embedder(served)
     try:
         scores = await asyncio.to_thread(embedder.rerank, query, documents)
     except TesseraError as exc:
@@ -106,4 +108,4 @@ async def rerank(request: Request) -> Any:
     if f.boolean("return_documents", False):
         for r in results:
             r["document"] = {"text": documents[r["index"]]}
-    return JSONResponse({"model": state.model_name, "results": results})
+    return JSONResponse({"model": served.name, "results": results})

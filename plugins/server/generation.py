@@ -11,7 +11,7 @@ import attrs
 from starlette.requests import Request
 
 from tessera.errors import ContextOverflowError, TesseraError
-from tessera.routes import ApiError, ServerState
+from tessera.routes import ApiError, ServedModel
 from tessera.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
 from tessera.stop_strings import StopStringMatcher
 from tessera.tokenizer import StreamDecoder
@@ -33,12 +33,11 @@ class ChoiceRun:
     """One generation in the engine, read as pieces of text."""
 
     def __init__(
-        self, state: ServerState, request: GenerationRequest, stops: Sequence[str]
+        self, served: ServedModel, request: GenerationRequest, stops: Sequence[str]
     ) -> None:
         loop = asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
-        self._tokenizer = state.tokenizer
-        self._decoder = StreamDecoder(state.tokenizer)
+        self._decoder = StreamDecoder(served.tokenizer)
         try:
             self._stops = StopStringMatcher(stops)
         except TesseraError as exc:
@@ -47,9 +46,9 @@ class ChoiceRun:
         self.finish_reason: str | None = None
         self.text = ""
         self.tokens: list[TokenEvent] = []
-        n_prompt, n_ctx = len(request.prompt), state.engine.ctx.n_ctx
+        n_prompt, n_ctx = len(request.prompt), served.engine.ctx.n_ctx
         try:
-            self.task = state.engine.submit(
+            self.task = served.engine.submit(
                 request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event)
             )
         except ContextOverflowError as exc:
@@ -98,13 +97,13 @@ class ChoiceRun:
 
 
 def start_runs(
-    state: ServerState, requests: Sequence[GenerationRequest], stops: Sequence[str]
+    served: ServedModel, requests: Sequence[GenerationRequest], stops: Sequence[str]
 ) -> list[ChoiceRun]:
     """Submit every request; if one is refused, cancel those already queued."""
     runs: list[ChoiceRun] = []
     try:
         for req in requests:
-            runs.append(ChoiceRun(state, req, stops))
+            runs.append(ChoiceRun(served, req, stops))
     except BaseException:
         for r in runs:
             r.cancel()

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from tessera.errors import TesseraError
-from tessera.routes import ApiError, ServerState
+from tessera.routes import ApiError, ServedModel
 from tessera.sampling import SamplerParams
 from tessera.slot_types import GenerationRequest, TokenEvent
 
@@ -25,13 +25,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
-def response_head(state: ServerState, object_name: str, prefix: str) -> dict[str, Any]:
+def response_head(served: ServedModel, object_name: str, prefix: str) -> dict[str, Any]:
     return {
         "id": new_id(prefix),
         "object": object_name,
         "created": int(time.time()),
-        "model": state.model_name,
-        "system_fingerprint": f"tessera-{state.model.identity[:12]}",
+        "model": served.name,
+        "system_fingerprint": f"tessera-{served.model.identity[:12]}",
     }
 
 
@@ -53,7 +53,7 @@ def sampler_params(f: Fields, choice: int) -> SamplerParams:
         raise ApiError(400, str(exc)) from None
 
 
-def max_tokens(f: Fields, state: ServerState, default: int) -> int:
+def max_tokens(f: Fields, served: ServedModel, default: int) -> int:
     """max_completion_tokens, max_tokens or n_predict (-1: until the context is full),
     clamped by the server's --max-tokens-cap."""
     value = f.integer("max_completion_tokens", None, 1)
@@ -61,13 +61,13 @@ def max_tokens(f: Fields, state: ServerState, default: int) -> int:
         value = f.integer("max_tokens", None, 1)
     if value is None:
         value = f.integer("n_predict", default, -1)
-    cap = state.settings.max_tokens_cap
+    cap = served.settings.max_tokens_cap
     if cap >= 0 and (value < 0 or value > cap):
         value = cap
     return value
 
 
-def json_constraint(f: Fields, state: ServerState) -> Callable[[], Any] | None:
+def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
     """The constraint factory ``response_format`` asks for (None for plain text)."""
     fmt = f.obj("response_format")
     kind = (fmt or {}).get("type", "text")
@@ -84,16 +84,16 @@ def json_constraint(f: Fields, state: ServerState) -> Callable[[], Any] | None:
     from tessera.json_constraint import JsonConstraintFactory
 
     # the factory renders the whole vocabulary once; every request reuses it
-    factory = state.extras.get("json_constraint")
+    factory = served.extras.get("json_constraint")
     if factory is None:
-        factory = state.extras["json_constraint"] = JsonConstraintFactory(state.tokenizer)
+        factory = served.extras["json_constraint"] = JsonConstraintFactory(served.tokenizer)
     return factory.new
 
 
 def generation_requests(
-    f: Fields, state: ServerState, prompt: Sequence[int], n: int, n_predict: int, logprobs: int
+    f: Fields, served: ServedModel, prompt: Sequence[int], n: int, n_predict: int, logprobs: int
 ) -> list[GenerationRequest]:
-    constraint = json_constraint(f, state)
+    constraint = json_constraint(f, served)
     id_slot = f.integer("id_slot", -1, -1)
     cache_prompt = f.boolean("cache_prompt", True)
     return [
@@ -111,9 +111,9 @@ def generation_requests(
     ]
 
 
-def logprob_entry(state: ServerState, event: TokenEvent) -> dict[str, Any]:
+def logprob_entry(served: ServedModel, event: TokenEvent) -> dict[str, Any]:
     """One chat ``logprobs.content`` entry (token text, logprob, bytes, alternatives)."""
-    tok = state.tokenizer
+    tok = served.tokenizer
 
     def one(token: int, logprob: float) -> dict[str, Any]:
         raw = tok.token_to_bytes(token)

@@ -14,7 +14,7 @@ from typing import Any
 
 from tessera.cli_common import add_model_arguments, context_from_args, load_model_from_args
 from tessera.errors import TesseraError
-from tessera.routes import ServerSettings, ServerState
+from tessera.routes import ServedModel, ServerSettings, ServerState, SingleModelPool
 from tessera.slot_engine import SlotEngine
 
 log = logging.getLogger("tessera.server")
@@ -95,15 +95,16 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
         max_queue=args.max_queue,
         prompt_store_bytes=max(args.cache_ram, 0) << 20,
     )
-    return ServerState(
-        runtime=runtime,
-        settings=settings,
+    served = ServedModel(
+        name=settings.alias or Path(model.path).name,
+        path=str(model.path),
         model=model,
-        model_path=str(model.path),
         tokenizer=model.tokenizer,
         engine=engine,
         chat_template=_chat_template(args.chat_template),
+        settings=settings,
     )
+    return ServerState(runtime=runtime, settings=settings, pool=SingleModelPool(served))
 
 
 def build_app(state: ServerState, runtime: Any) -> Any:
@@ -112,11 +113,11 @@ def build_app(state: ServerState, runtime: Any) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
-        state.engine.start()
+        state.pool.start()
         try:
             yield
         finally:
-            state.engine.stop()  # cancels what is still running; slot files are atomic
+            state.pool.close()  # cancels what is still running; slot files are atomic
 
     return assemble(state, runtime.routes().values(), lifespan)
 
@@ -170,11 +171,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     state = build_state(args, runtime)
     app = build_app(state, runtime)
     host, port = sock.getsockname()[:2]
-    print(
-        f"tessera serve: http://{host}:{port} ({state.model_name}, {len(state.engine.slots)} "
-        "slots)",
-        file=sys.stderr,
-        flush=True,
-    )
+    names = ", ".join(m.name for m in state.pool.served())
+    print(f"tessera serve: http://{host}:{port} ({names})", file=sys.stderr, flush=True)
     server(app, args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -49,7 +49,7 @@ class ByteVocab:
 # Tokens that pop two or three containers at once exercise the mask cache's stack handling.
 SMALL = ByteVocab(
     [b"{", b"}", b'"', b"a", b'"a"', b":", b"1", b",", b" ", b"x", b"]]}", b"]}", b"}]}"]
-    + [b"[", b'"b', b"]]", b"\xc3", b"\xa9", b"", b"<eog>"]
+    + [b"[", b'"b', b"]]", b"\xc3", b"\xa9", b'"]]}', b'a"', b"", b"<eog>"]
 )
 
 
@@ -76,11 +76,14 @@ def closing_bias(factory) -> np.ndarray:
     return bias
 
 
-def test_allowed_mask_matches_token_by_token_checks_along_real_documents(tokenizer):
+@pytest.mark.parametrize("vector_strings", [True, False], ids=["string-scan", "trie-only"])
+def test_allowed_mask_matches_token_by_token_checks_along_real_documents(tokenizer, vector_strings):
     doc = {"a": [1, -2.5e-3, True, None, {"b": [[["deep"]]]}], "é€😀": "x\ny\u0001", "n": {}}
     runs = [(0, json.dumps(doc)), (256, json.dumps(doc, ensure_ascii=False, indent=1))]
     for cache_size, text in runs:
-        factory = JsonConstraintFactory(tokenizer, mask_cache_size=cache_size)
+        factory = JsonConstraintFactory(
+            tokenizer, mask_cache_size=cache_size, vector_strings=vector_strings
+        )
         constraint = factory.new()
         for token in tokenizer.encode(text, add_special=False):
             np.testing.assert_array_equal(constraint.allowed_mask(), brute_mask(constraint))
@@ -89,14 +92,16 @@ def test_allowed_mask_matches_token_by_token_checks_along_real_documents(tokeniz
         np.testing.assert_array_equal(constraint.allowed_mask(), factory.eog)
 
 
-def test_the_mask_cache_checks_tokens_that_pop_below_the_cached_stack():
-    factory = JsonConstraintFactory(SMALL)
-    closers = SMALL.pieces.index(b"]]}")
+@pytest.mark.parametrize("vector_strings", [True, False], ids=["string-scan", "trie-only"])
+@pytest.mark.parametrize("inside", [b"1", b'"a'], ids=["after-number", "in-string"])
+def test_the_mask_cache_checks_tokens_that_pop_below_the_cached_stack(inside, vector_strings):
+    factory = JsonConstraintFactory(SMALL, vector_strings=vector_strings)
+    closers = SMALL.pieces.index(b'"]]}' if inside == b'"a' else b"]]}")
     # Equal keys (top of the stack "[[", more below), different containers under them.
     outcomes = []
-    for prefix in (b'{"a":[[[1', b'{"a":{"a":[[1', b'{"a":[{"a":[[1', b'{"a":[[1'):
+    for prefix in (b'{"a":[[[', b'{"a":{"a":[[', b'{"a":[{"a":[[', b'{"a":[['):
         constraint = factory.new()
-        assert constraint.state.feed(prefix)
+        assert constraint.state.feed(prefix + inside)
         np.testing.assert_array_equal(constraint.allowed_mask(), brute_mask(constraint))
         outcomes.append(bool(constraint.allowed_mask()[closers]))
     assert outcomes == [False, True, True, True]  # the last one closes the document
@@ -237,8 +242,12 @@ def test_rejection_sampling_draws_from_the_masked_distribution(chain, monkeypatc
         assert np.all(counts[expected == 0] == 0)
 
 
-def test_the_switch_turns_rejection_off(tokenizer, monkeypatch):
+def test_the_switches_turn_the_optimizations_off(monkeypatch):
     monkeypatch.setenv("TESSERA_JSON_REJECTION", "0")
-    assert not JsonConstraintFactory(SMALL).rejection
+    monkeypatch.setenv("TESSERA_JSON_VECTOR", "0")
+    factory = JsonConstraintFactory(SMALL)
+    assert not factory.rejection and factory._strings is None
     monkeypatch.setenv("TESSERA_JSON_REJECTION", "1")
-    assert JsonConstraintFactory(SMALL).rejection
+    monkeypatch.setenv("TESSERA_JSON_VECTOR", "1")
+    factory = JsonConstraintFactory(SMALL)
+    assert factory.rejection and factory._strings is not None

@@ -77,7 +77,7 @@ def test_json_report_has_the_stable_schema(capsys):
     assert report["schema"] == REPORT_SCHEMA
     assert set(report) == {
         "schema", "tessera_version", "plugin_api", "plugins", "failures", "architectures",
-        "quant_types", "commands", "backends", "conflicts",
+        "quant_types", "commands", "backends", "conflicts", "communicators",
     }  # fmt: skip
     rt = Runtime()
     assert [p["name"] for p in report["plugins"]] == [p.name for p in rt.plugins]
@@ -158,3 +158,15 @@ def test_strict_mode_turns_a_broken_plugin_into_one_error_line(broken_site, caps
     assert main(["plugins"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: plugin '") and "failed to load" in err[-1]
+
+
+def test_report_lists_communicators_with_their_probe_here(capsys):
+    report = plugins_json(capsys)
+    by_name = {c["name"]: c for c in report["communicators"]}
+    assert set(by_name) == set(Runtime().communicators())
+    pairwise, torch_dist = by_name["pairwise"], by_name["torch-distributed"]
+    assert (pairwise["collective"], pairwise["max_ranks"], pairwise["usable"]) == (False, 2, True)
+    assert torch_dist["collective"] and torch_dist["usable"] and "gloo" in torch_dist["features"]
+    main(["plugins", "--no-probe"])
+    text, _ = capsys.readouterr()
+    assert "communicator pairwise: at most 2 ranks; usable here: tcp" in text

@@ -69,18 +69,14 @@ def test_two_ranks_gloo_match_single_process(qwen2_f32):
 
 def test_two_ranks_pairwise_on_q8_0_with_a_replicated_head_match_single_process(tmp_path):
     path = str(make_gguf(tmp_path / "q8.gguf", "qwen2", qtype="q8_0", seed=2))
-    results = run_group(
-        2, generate_rank, path, PROMPT, N_PREDICT, "pairwise", 30.0, False
-    )
+    results = run_group(2, generate_rank, path, PROMPT, N_PREDICT, "pairwise", 30.0, False)
     stats = assert_same_as_single_process(results, path, 2, "pairwise")
     assert "all_gather" not in stats  # the head is whole on every rank
 
 
 def test_four_ranks_gloo_on_a_model_whose_heads_divide(tmp_path):
     path = str(
-        make_gguf(
-            tmp_path / "l.gguf", "llama", n_head=8, n_head_kv=4, seed=3, tied_embeddings=True
-        )
+        make_gguf(tmp_path / "l.gguf", "llama", n_head=8, n_head_kv=4, seed=3, tied_embeddings=True)
     )
     results = run_group(4, generate_rank, path, PROMPT, N_PREDICT, "torch-distributed")
     assert_same_as_single_process(results, path, 4, "torch-distributed")
@@ -106,10 +102,16 @@ def test_heads_that_do_not_divide_are_refused_before_loading(qwen2_f32):
 
 
 @pytest.mark.parametrize(
-    "victim, communicator", [(1, "torch-distributed"), (0, "pairwise")], ids=["rank1", "rank0"]
+    "victim, communicator, sig",
+    [
+        (1, "torch-distributed", signal.SIGKILL),
+        (0, "pairwise", signal.SIGKILL),
+        (1, "pairwise", signal.SIGSTOP),  # a hung rank: alive, silent
+    ],
+    ids=["kill-rank1-gloo", "kill-rank0-pairwise", "hang-rank1-pairwise"],
 )
-def test_killing_a_rank_mid_generation_stops_the_other_within_the_timeout(
-    qwen2_f32, victim, communicator
+def test_a_rank_that_dies_or_hangs_mid_generation_stops_the_other_within_the_timeout(
+    qwen2_f32, victim, communicator, sig
 ):
     import multiprocessing
 
@@ -120,11 +122,17 @@ def test_killing_a_rank_mid_generation_stops_the_other_within_the_timeout(
     )
     assert progress.get(timeout=120) >= 1  # rank 0 is generating
     progress.get(timeout=60)
-    os.kill(group.processes[victim].pid, signal.SIGKILL)
+    os.kill(group.processes[victim].pid, sig)
     killed = time.monotonic()
     survivor = 1 - victim
-    result = group.collect(timeout_s=timeout_s + 20)[survivor]
+    try:
+        result = group.results.get(timeout=timeout_s + 20)
+    finally:
+        os.kill(group.processes[victim].pid, signal.SIGKILL)
+        group.collect(timeout_s=5)
     assert time.monotonic() - killed < timeout_s + 5
+    assert result[0] == survivor
+    result = result[1]
     assert isinstance(result, RankError) and result.type == "CommunicatorError", result
     assert "restart every rank" in result.message
 

@@ -61,7 +61,7 @@ def test_bad_fields_are_400_and_name_the_field(server, payload, words):
 
 def test_a_prompt_over_the_context_is_400_naming_both_counts(client, server):
     long_prompt = " ".join(["dog"] * 600)
-    n = len(server.state.tokenizer.encode(long_prompt))
+    n = len(server.model.tokenizer.encode(long_prompt))
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="m", prompt=long_prompt, max_tokens=4)
     message = err.value.body["message"]
@@ -115,8 +115,8 @@ def test_all_slots_busy_beyond_the_queue_is_503(server):
 
         deadline = time.monotonic() + 60
         while (
-            server.state.engine.n_queued
-            + sum(s.task is not None for s in server.state.engine.slots)
+            server.model.engine.n_queued
+            + sum(s.task is not None for s in server.model.engine.slots)
             < 5
         ):
             assert time.monotonic() < deadline
@@ -210,4 +210,4 @@ def test_chat_on_a_model_without_a_template_is_400_and_a_flag_fixes_it(untemplat
         r = client.chat.completions.create(model="m", messages=messages, max_tokens=2)
         assert r.choices[0].message.role == "assistant"
         text = ChatTemplate(chatml).render(messages, add_generation_prompt=True)
-        assert r.usage.prompt_tokens == len(srv.state.tokenizer.encode(text, parse_special=True))
+        assert r.usage.prompt_tokens == len(srv.model.tokenizer.encode(text, parse_special=True))

