@@ -35,6 +35,8 @@ MASK_CACHE_SIZE = 256
 MIN_P_WINDOW = 64
 # TESSERA_JSON_REJECTION=0 turns off rejection sampling: every step computes the full mask.
 REJECTION_ENV = "TESSERA_JSON_REJECTION"
+# Trie subtrees entering a string with at least this many tokens go to the numpy scan.
+SCAN_MIN_TOKENS = 64
 # TESSERA_JSON_VECTOR=0 checks string states with the trie walk instead of the numpy scan.
 VECTOR_ENV = "TESSERA_JSON_VECTOR"
 
@@ -116,10 +118,7 @@ class JsonConstraintFactory:
         mask = self.cached_mask(state)
         if mask is not None:
             return mask
-        if self._strings is not None and state.mode in STRING_MODES:
-            entry = self._scan_string(state)
-        else:
-            entry = self._walk_trie(state)
+        entry = self._entry(state)
         if self.mask_cache_size > 0:
             self._masks[state.key()] = entry
             if len(self._masks) > self.mask_cache_size:
@@ -133,36 +132,24 @@ class JsonConstraintFactory:
             mask[i] = state.accepts(self.token_bytes[i])
         return mask
 
-    def _scan_string(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
-        """The trie walk's answer for a state inside a string, from the vectorised scan plus
-        the parser for what follows a closing quote inside a token."""
-        scan = self._strings.scan(state)
-        valid = scan.valid.copy()
-        dependent: list[int] = []
-        closed = state.copy()
-        closed.mode, closed.aux, closed.is_key = (COLON if state.is_key else AFTER), None, False
-        floor = -1 if len(state.stack) <= 2 else len(state.stack) - 2
-        for token, start in zip(scan.closers.tolist(), scan.close_at.tolist(), strict=True):
-            st = closed.copy()
-            for b in self.token_bytes[token][start:]:
-                if len(st.stack) <= floor:
-                    dependent.append(token)
-                    break
-                if not st.step(b):
-                    break
-            else:
-                valid[token] = True
-        return valid, np.asarray(dependent, dtype=np.int64)
-
-    def _walk_trie(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
+    def _entry(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
         """Valid tokens for the state's key, plus tokens that pop below what the key knows
         (their validity depends on deeper stack entries, so they are checked per state)."""
         valid = np.zeros(self.n_vocab, dtype=bool)
         dependent: list[int] = []
         floor = -1 if len(state.stack) <= 2 else len(state.stack) - 2
-        todo = [(self._root, state)]
+        if self._strings is not None and state.mode in STRING_MODES:
+            self._string_tail(state, None, 0, floor, valid, dependent)
+        else:
+            self._walk_trie(state, floor, valid, dependent)
+        return valid, np.asarray(dependent, dtype=np.int64)
+
+    def _walk_trie(self, state: JsonPrefix, floor: int, valid: np.ndarray, dependent: list) -> None:
+        """Depth-first over the vocabulary trie; a subtree is cut at its first invalid byte,
+        and large subtrees that enter a string go to the vectorised string scan."""
+        todo = [(self._root, state, 0)]
         while todo:
-            node, st = todo.pop()
+            node, st, depth = todo.pop()
             if len(st.stack) <= floor:
                 for child in node.children.values():
                     dependent.extend(child.subtree())
@@ -176,9 +163,43 @@ class JsonConstraintFactory:
                     if not nxt.step(b):
                         continue
                 valid[child.ids] = True
-                if child.children:
-                    todo.append((child, nxt))
-        return valid, np.asarray(dependent, dtype=np.int64)
+                if not child.children:
+                    continue
+                if (
+                    self._strings is not None
+                    and nxt.mode in STRING_MODES
+                    and len(child.subtree()) >= SCAN_MIN_TOKENS
+                ):
+                    below = [i for c in child.children.values() for i in c.subtree()]
+                    self._string_tail(nxt, below, depth + 1, floor, valid, dependent)
+                else:
+                    todo.append((child, nxt, depth + 1))
+
+    def _string_tail(
+        self,
+        state: JsonPrefix,
+        ids: list[int] | None,
+        offset: int,
+        floor: int,
+        valid: np.ndarray,
+        dependent: list,
+    ) -> None:
+        """Check tokens (all, or ``ids``) from byte ``offset`` on, ``state`` being inside a
+        string: the vectorised scan up to the closing quote, the parser after it."""
+        scan = self._strings.scan(state, ids, offset)
+        valid[scan.valid] = True
+        closed = state.copy()
+        closed.mode, closed.aux, closed.is_key = (COLON if state.is_key else AFTER), None, False
+        for token, start in zip(scan.closers.tolist(), scan.close_at.tolist(), strict=True):
+            st = closed.copy()
+            for b in self.token_bytes[token][start:]:
+                if len(st.stack) <= floor:
+                    dependent.append(token)
+                    break
+                if not st.step(b):
+                    break
+            else:
+                valid[token] = True
 
 
 class JsonConstraint:

@@ -21,10 +21,10 @@ STRING_MODES = frozenset((STRING, UTF8, ESCAPE, UNICODE))
 
 @attrs.frozen
 class StringScan:
-    """Tokens checked from one string state: ``valid`` (stay in the string or close it at
-    their last byte) and ``closers`` (close it earlier: the rest needs the full parser)."""
+    """Tokens checked from one string state: ``valid`` ids stay in the string or close it at
+    their last byte; ``closers`` close it earlier, so the rest needs the full parser."""
 
-    valid: np.ndarray  # bool, n_vocab
+    valid: np.ndarray  # token ids
     closers: np.ndarray  # token ids
     close_at: np.ndarray  # index just past the closing quote, per closer
 
@@ -47,7 +47,8 @@ class StringScanner:
             data = token_bytes[i]
             self._bytes[row, : len(data)] = np.frombuffer(data, dtype=np.uint8)
         # Longest tokens first, so the tokens still running at column j are a prefix.
-        self._active = np.searchsorted(-self._lengths, -np.arange(width), side="left")
+        self._row = np.full(self.n_vocab, -1, dtype=np.int64)
+        self._row[self._ids] = np.arange(len(self._ids))
         self._scans: dict[tuple, StringScan] = {}
 
     @staticmethod
@@ -86,24 +87,31 @@ class StringScanner:
         table[self.bad], table[self.closed] = self.bad, self.closed  # both absorb
         return table
 
-    def scan(self, state: JsonPrefix) -> StringScan:
-        """Every token checked from ``state`` (which must be inside a string)."""
+    def scan(
+        self, state: JsonPrefix, ids: Sequence[int] | None = None, offset: int = 0
+    ) -> StringScan:
+        """Tokens (all, or ``ids``) checked from their byte ``offset`` on, starting in
+        ``state`` (which must be inside a string). Whole-vocabulary scans are cached."""
         key = self.string_key(state)
-        cached = self._scans.get(key)
-        if cached is not None:
-            return cached
-        current = np.full(len(self._ids), self._states[key], dtype=np.int64)
-        close_at = np.zeros(len(self._ids), dtype=np.int64)
-        for j, n in enumerate(self._active.tolist()):
+        if ids is None and key in self._scans:
+            return self._scans[key]
+        # Rows sorted by length, longest first, so the tokens still running are a prefix.
+        rows = np.arange(len(self._ids)) if ids is None else np.sort(self._row[list(ids)])
+        lengths = self._lengths[rows]
+        width = int(lengths[0]) if len(rows) else 0
+        active = np.searchsorted(-lengths, -np.arange(offset, width), side="left")
+        current = np.full(len(rows), self._states[key], dtype=np.int64)
+        close_at = np.zeros(len(rows), dtype=np.int64)
+        for j, n in enumerate(active.tolist(), start=offset):
             before = current[:n]
-            after = self._table[before, self._bytes[:n, j]]
+            after = self._table[before, self._bytes[rows[:n], j]]
             close_at[:n][(after == self.closed) & (before != self.closed)] = j + 1
             current[:n] = after
         closed = current == self.closed
-        ok = (current != self.bad) & (~closed | (close_at == self._lengths))
-        valid = np.zeros(self.n_vocab, dtype=bool)
-        valid[self._ids[ok]] = True
-        early = closed & (close_at < self._lengths)
-        scan = StringScan(valid, self._ids[early], close_at[early])
-        self._scans[key] = scan
+        ok = (current != self.bad) & (~closed | (close_at == lengths))
+        early = closed & (close_at < lengths)
+        ids_out = self._ids[rows]
+        scan = StringScan(ids_out[ok], ids_out[early], close_at[early])
+        if ids is None:
+            self._scans[key] = scan
         return scan

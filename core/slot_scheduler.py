@@ -125,9 +125,12 @@ def _sample(engine: SlotEngine, slot: Slot, row: np.ndarray) -> None:
     if slot.t_first is None:
         slot.t_first = time.perf_counter()
     logits = row
-    if req.ignore_eos and len(engine.eog_ids):
+    if req.logit_bias or (req.ignore_eos and len(engine.eog_ids)):
         logits = row.copy()
-        logits[engine.eog_ids] = -np.inf
+        for token, bias in req.logit_bias:
+            logits[token] += bias
+        if req.ignore_eos:
+            logits[engine.eog_ids] = -np.inf
     if slot.constraint is not None:
         token = slot.constraint.sample(slot.sampler, logits, slot.history)
         slot.constraint.accept(token)

@@ -57,8 +57,10 @@ class GenerationRequest:
     #: Make a per-request constraint (``allows``/``accept``/``sample``/``complete``), e.g.
     #: the JSON-object grammar of ``response_format``; None = unconstrained.
     constraint: Callable[[], Any] | None = attrs.field(default=None, eq=False)
-    #: Keep going past end-of-generation tokens (they are not reported as text either).
+    #: Never draw an end-of-generation token (generate to max_tokens or the context end).
     ignore_eos: bool = False
+    #: ``(token, bias)`` pairs added to the logits before sampling (OpenAI's logit_bias).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @attrs.frozen

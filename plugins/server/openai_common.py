@@ -106,9 +106,31 @@ def generation_requests(
             cache_prompt=cache_prompt,
             constraint=constraint,
             ignore_eos=f.boolean("ignore_eos", False),
+            logit_bias=logit_bias(f, served),
         )
         for i in range(n)
     ]
+
+
+def logit_bias(f: Fields, served: ServedModel) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias``: ``{"token id": bias in [-100, 100]}``."""
+    value = f.obj("logit_bias") or {}
+    n_vocab = served.tokenizer.n_vocab
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if not 0 <= token < n_vocab or isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ApiError(
+                400,
+                f"logit_bias must map token ids in [0, {n_vocab}) to numbers; got {key!r}: "
+                f"{bias!r}",
+                "logit_bias",
+            )
+        out.append((token, max(-100.0, min(100.0, float(bias)))))
+    return tuple(out)
 
 
 def logprob_entry(served: ServedModel, event: TokenEvent) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import openai
 import pytest
 
 from tessera.context import Context, ContextParams
@@ -193,3 +194,17 @@ def test_unknown_fields_are_tolerated(client):
         model="m", messages=MESSAGES, max_tokens=2, extra_body={"frobnicate": {"x": 1}}
     )
     assert r.choices[0].message.role == "assistant"
+
+
+def test_logit_bias_bans_and_forces_tokens(client, server):
+    tok = server.model.tokenizer
+    kw = dict(model="m", prompt="Once upon a time", max_tokens=6, temperature=0)
+    plain = client.completions.create(**kw, logprobs=0)
+    first = tok.encode(plain.choices[0].logprobs.tokens[0], add_special=False)[0]
+    banned = client.completions.create(**kw, logit_bias={str(first): -100})
+    assert not banned.choices[0].text.startswith(plain.choices[0].logprobs.tokens[0])
+    forced_id = tok.encode(" zebra", add_special=False)[0]
+    forced = client.completions.create(**kw, logit_bias={str(forced_id): 100})
+    assert forced.choices[0].text.startswith(tok.token_to_piece(forced_id))
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.completions.create(**kw, logit_bias={"-5": 1})
