@@ -76,6 +76,48 @@ def start_server(path: Path, n_slots: int, n_ctx: int, extra: list[str]) -> tupl
             time.sleep(0.2)
 
 
+def one_request_raw(url: str, prompt: str, max_tokens: int) -> dict:
+    """The same request over http.client, reading SSE lines by hand: a light client, so
+    the client process takes less of the cores the server needs."""
+    import http.client
+    from urllib.parse import urlparse
+
+    u = urlparse(url)
+    body = json.dumps(
+        {
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    )
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    times: list[float] = []
+    n_tokens = 0
+    for line in resp:
+        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+            continue
+        chunk = json.loads(line[6:])
+        if chunk["choices"] and chunk["choices"][0]["text"]:
+            times.append(time.perf_counter())
+        if chunk.get("usage"):
+            n_tokens = chunk["usage"]["completion_tokens"]
+    conn.close()
+    return {
+        "ttft": times[0] - t0 if times else float("nan"),
+        "itl": [b - a for a, b in zip(times, times[1:], strict=False)],
+        "n_tokens": n_tokens,
+        "t": time.perf_counter() - t0,
+    }
+
+
 def one_request(client, prompt: str, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     times: list[float] = []
@@ -102,7 +144,9 @@ def one_request(client, prompt: str, max_tokens: int) -> dict:
     }
 
 
-def run_level(url: str, n_clients: int, n_requests: int, max_tokens: int, duration: float):
+def run_level(
+    url: str, n_clients: int, n_requests: int, max_tokens: int, duration: float, kind: str
+):
     from openai import OpenAI
 
     client = OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
@@ -119,7 +163,11 @@ def run_level(url: str, n_clients: int, n_requests: int, max_tokens: int, durati
             if i is None:
                 return
             try:
-                r = one_request(client, PROMPTS[i % len(PROMPTS)], max_tokens)
+                prompt = PROMPTS[i % len(PROMPTS)]
+                if kind == "openai":
+                    r = one_request(client, prompt, max_tokens)
+                else:
+                    r = one_request_raw(url, prompt, max_tokens)
             except Exception as exc:  # counted, not raised: the report says how many
                 with lock:
                     failures.append(f"{type(exc).__name__}: {exc}")
@@ -161,6 +209,12 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--duration", type=float, default=300, help="seconds per client count")
     ap.add_argument("--server-args", default="", help="extra flags for tessera serve")
+    ap.add_argument(
+        "--client",
+        choices=["raw", "openai"],
+        default="raw",
+        help="raw: http.client and hand-read SSE (light); openai: the official client",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
     levels = [int(c) for c in args.clients.split(",")]
@@ -169,13 +223,20 @@ def main() -> int:
     proc, url = start_server(path, max(levels), n_ctx, args.server_args.split())
     rows = []
     try:
-        run_level(url, 1, 2, 4, 60)  # warm-up: first-call costs stay out of the numbers
+        # warm-up: first-call costs stay out of the numbers
+        run_level(url, 1, 2, 4, 60, args.client)
         for n in levels:
-            rows.append(run_level(url, n, max(args.requests, n), args.max_tokens, args.duration))
+            n_requests = max(args.requests, n)
+            rows.append(
+                run_level(url, n, n_requests, args.max_tokens, args.duration, args.client)
+            )
     finally:
         proc.terminate()
         proc.wait(60)
-    print(f"model: {args.model}; {args.max_tokens} tokens per request; cpu count {os.cpu_count()}")
+    print(
+        f"model: {args.model}; {args.max_tokens} tokens per request; client {args.client}; "
+        f"cpu count {os.cpu_count()}"
+    )
     print(
         "| clients | requests | failed | req/s | out tok/s | TTFT p50 ms | TTFT p95 ms "
         "| ITL p50 ms | ITL p95 ms |"
