@@ -31,6 +31,8 @@ from tessera.errors import ContextOverflowError, TesseraError
 from tessera.prompt_store import MIN_TOKENS, PromptStore, common_prefix
 from tessera.sampling import Sampler
 from tessera.slot_scheduler import step
+from tessera.spec_decoder import SpecParams
+from tessera.speculative import DraftLength
 from tessera.slot_types import (
     EngineBusyError,
     FinishEvent,
@@ -61,6 +63,8 @@ class EngineMetrics:
     t_generate_ms: float = 0.0
     n_prompt_store_saved: int = 0
     n_prompt_store_restored: int = 0
+    n_drafted: int = 0
+    n_draft_accepted: int = 0
 
 
 @attrs.define(eq=False)
@@ -82,12 +86,28 @@ class Slot:
     history: list[int] = attrs.field(factory=list)
     t_start: float = 0.0
     t_first: float | None = None
+    #: This slot's drafter (made on first use, kept across requests) and, while a
+    #: request speculates, the same object in ``drafter`` with its draft length.
+    spec_decoder: Any = None
+    drafter: Any = None
+    drafter_started: bool = False
+    draft_length: Any = None
 
     @property
     def state(self) -> str:
         if self.task is None:
             return "idle"
         return "generating" if self.pending is not None else "prompt"
+
+
+@attrs.frozen
+class SlotSpec:
+    """Speculative decoding in the slots: ``create()`` makes one drafter
+    (:class:`tessera.spec_decoder.SpecDecoder`) per slot, bound to the engine's context."""
+
+    name: str
+    params: SpecParams
+    create: Callable[[], Any] = attrs.field(eq=False)
 
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
@@ -112,12 +132,14 @@ class SlotEngine:
         eog_ids: Collection[int] = (),
         max_queue: int = 64,
         prompt_store_bytes: int = 0,
+        spec: SlotSpec | None = None,
     ) -> None:
         self.ctx = ctx
         self.slots = [Slot(i) for i in range(ctx.params.n_seq_max)]
         self.eog_ids = np.array(sorted(eog_ids), dtype=np.int64)
         self.max_queue = max_queue
         self.metrics = EngineMetrics()
+        self.spec = spec
         #: Where a slot's cache goes before another request overwrites it (None: off).
         self.prompt_store = PromptStore(prompt_store_bytes) if prompt_store_bytes > 0 else None
         self._queue: deque[Task] = deque()
@@ -316,6 +338,9 @@ class SlotEngine:
             future.set_exception(TesseraError("the server is shutting down"))
         if self.prompt_store is not None:
             self.prompt_store.close()
+        for slot in self.slots:
+            if slot.spec_decoder is not None:
+                slot.spec_decoder.close()
 
     def _reap_cancelled(self) -> None:
         for slot in self.slots:
@@ -370,6 +395,13 @@ class SlotEngine:
         slot.constraint = req.constraint() if req.constraint is not None else None
         slot.history = list(req.prompt)
         slot.t_start, slot.t_first = time.perf_counter(), None
+        slot.drafter = None
+        # constrained or logprob requests sample token by token
+        if self.spec is not None and slot.constraint is None and req.logprobs is None:
+            if slot.spec_decoder is None:
+                slot.spec_decoder = self.spec.create()
+            slot.drafter, slot.drafter_started = slot.spec_decoder, False
+            slot.draft_length = DraftLength(self.spec.params.draft_max, self.spec.params.adaptive)
         self.metrics.n_prompt_tokens_cached += n_past
 
     def _use_prompt_store(self, slot: Slot, prompt: Sequence[int], n_past: int) -> int:
@@ -416,6 +448,7 @@ class SlotEngine:
         self.metrics.t_prompt_ms += event.t_prompt_ms
         self.metrics.t_generate_ms += event.t_generate_ms
         slot.task, slot.pending, slot.constraint, slot.sampler = None, None, None, None
+        slot.drafter = None
         slot.last_used = time.monotonic()
         self._emit(task, event)
 

@@ -98,6 +98,11 @@ async def metrics(request: Request) -> Any:
         "kv_cache_tokens": (kv.n_used, "KV cells in use.", "gauge"),
         "kv_cache_usage_ratio": (kv.n_used / kv.n_ctx, "Share of KV cells in use.", "gauge"),
     }
+    if engine.spec is not None:
+        values["spec_drafted_total"] = (m.n_drafted, "Tokens drafted.", "counter")
+        values["spec_accepted_total"] = (m.n_draft_accepted, "Drafted tokens kept.", "counter")
+        rate = m.n_draft_accepted / m.n_drafted if m.n_drafted else 0.0
+        values["spec_acceptance_ratio"] = (rate, "Share of drafted tokens kept.", "gauge")
     for source in state.metric_sources:
         values.update(source())
     lines: list[str] = []

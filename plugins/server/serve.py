@@ -15,7 +15,7 @@ from typing import Any
 from tessera.cli_common import add_model_arguments, context_from_args, load_model_from_args
 from tessera.errors import TesseraError
 from tessera.routes import ServedModel, ServerSettings, ServerState, SingleModelPool
-from tessera.slot_engine import SlotEngine
+from tessera.slot_engine import SlotEngine, SlotSpec
 
 log = logging.getLogger("tessera.server")
 
@@ -23,9 +23,23 @@ DEFAULT_PORT = 9931  # llama.cpp 0.7.0's default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_model_arguments(parser)
+    from tessera.plugins.spec_cli import add_spec_arguments
+
+    add_model_arguments(parser, several_models=True)
+    add_spec_arguments(parser)
     parser.set_defaults(parallel=4)
     g = parser.add_argument_group("server")
+    g.add_argument(
+        "--models-dir",
+        default=None,
+        help="serve every GGUF file and HF folder in DIR, loaded on demand by the model field",
+    )
+    g.add_argument(
+        "--models-max",
+        type=int,
+        default=4,
+        help="models loaded at once with --models-dir or several -m (least recently used out)",
+    )
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 9931)")
     g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
@@ -71,11 +85,30 @@ def _chat_template(value: str | None) -> str | None:
 
 
 def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
-    """Load the model, make the context and the slot engine (not started)."""
-    model = load_model_from_args(args, runtime)
-    if model.tokenizer is None:
-        raise TesseraError(f"'{model.path}' has no tokenizer; serve a model with a vocabulary")
-    ctx = context_from_args(args, model)
+    """Load the model, make the context and the slot engine (not started); with
+    --models-dir or several -m, a pool that loads models when requests name them."""
+    settings = server_settings(args)
+    paths = args.model or []
+    if args.models_dir or len(paths) > 1:
+        from tessera.model_registry import MultiModelPool
+
+        models_dir = Path(args.models_dir) if args.models_dir else None
+        if models_dir is not None and not models_dir.is_dir():
+            raise TesseraError(
+                f"--models-dir '{models_dir}' is not a directory; create it or pass another"
+            )
+        pool: Any = MultiModelPool(
+            lambda name, path: load_served(args, runtime, settings, path, name),
+            models_dir,
+            [Path(p) for p in paths],
+            args.models_max,
+        )
+    else:
+        pool = SingleModelPool(load_served(args, runtime, settings, paths[0] if paths else None))
+    return ServerState(runtime=runtime, settings=settings, pool=pool)
+
+
+def server_settings(args: argparse.Namespace) -> ServerSettings:
     settings = ServerSettings(
         host=args.host,
         port=args.port,
@@ -89,14 +122,51 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
     )
     if settings.slot_save_path is not None:
         settings.slot_save_path.mkdir(parents=True, exist_ok=True)
+    return settings
+
+
+def slot_spec(args: argparse.Namespace, runtime: Any, ctx: Any) -> SlotSpec | None:
+    """Speculative decoding for the slots when --spec-type (or -md) asks for it."""
+    from tessera.plugins.spec_cli import spec_params_from_args, spec_type_from_args
+
+    name = spec_type_from_args(args)
+    if name is None:
+        return None
+    info = runtime.spec_decoder(name)
+    params = spec_params_from_args(args)
+    probe = info.create(ctx, params, runtime)  # a bad draft file fails here, at startup
+    try:
+        if probe.needs_all_prompt_outputs:
+            raise TesseraError(
+                f"--spec-type {name} reads the target's hidden state of one sequence, which "
+                "the server's batches mix; use draft, ngram or select with tessera serve"
+            )
+    finally:
+        probe.close()
+    return SlotSpec(name, params, lambda: info.create(ctx, params, runtime))
+
+
+def load_served(
+    args: argparse.Namespace,
+    runtime: Any,
+    settings: ServerSettings,
+    path: Any,
+    name: str | None = None,
+) -> ServedModel:
+    """Load the model at ``path`` (None: the bundled one) with its context and engine."""
+    model = load_model_from_args(argparse.Namespace(**{**vars(args), "model": path}), runtime)
+    if model.tokenizer is None:
+        raise TesseraError(f"'{model.path}' has no tokenizer; serve a model with a vocabulary")
+    ctx = context_from_args(args, model)
     engine = SlotEngine(
         ctx,
         eog_ids=model.tokenizer.eog_ids,
         max_queue=args.max_queue,
         prompt_store_bytes=max(args.cache_ram, 0) << 20,
+        spec=slot_spec(args, runtime, ctx),
     )
-    served = ServedModel(
-        name=settings.alias or Path(model.path).name,
+    return ServedModel(
+        name=name or settings.alias or Path(model.path).name,
         path=str(model.path),
         model=model,
         tokenizer=model.tokenizer,
@@ -104,7 +174,6 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
         chat_template=_chat_template(args.chat_template),
         settings=settings,
     )
-    return ServerState(runtime=runtime, settings=settings, pool=SingleModelPool(served))
 
 
 def build_app(state: ServerState, runtime: Any) -> Any:
@@ -171,7 +240,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     state = build_state(args, runtime)
     app = build_app(state, runtime)
     host, port = sock.getsockname()[:2]
-    names = ", ".join(m.name for m in state.pool.served())
+    names = ", ".join(m.name for m in state.pool.served()) or args.models_dir or "models"
     print(f"tessera serve: http://{host}:{port} ({names})", file=sys.stderr, flush=True)
     server(app, args.shutdown_timeout).run(sockets=[sock])
     return 0

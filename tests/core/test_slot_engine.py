@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 
+import numpy as np
 import pytest
 
 from tessera.context import Context, ContextParams
@@ -272,3 +273,65 @@ def test_common_prefix():
     assert common_prefix([1, 2], [1, 2, 3]) == 2
     assert common_prefix([], [1]) == 0
     assert common_prefix([5], [1]) == 0
+
+
+def _spec_engine(model, name, n_slots=3, **params):
+    from tessera.runtime import Runtime
+    from tessera.slot_engine import SlotSpec
+    from tessera.spec_decoder import SpecParams
+
+    runtime = Runtime()
+    ctx = Context(model, ContextParams(n_ctx=512, n_seq_max=n_slots, n_batch=64))
+    spec_params = SpecParams(**params)
+    spec = SlotSpec(
+        name, spec_params, lambda: runtime.spec_decoder(name).create(ctx, spec_params, runtime)
+    )
+    engine = SlotEngine(ctx, eog_ids=model.tokenizer.eog_ids, spec=spec)
+    engine.start()
+    return engine
+
+
+def test_speculative_slots_give_the_tokens_of_plain_decoding(model):
+    # prompts whose greedy continuations repeat, so n-gram drafts get accepted
+    tok = model.tokenizer
+    prompts = [tok.encode(t) for t in ("def main():", "1, 2, 3, 4,", "Once upon a time")]
+    engine = _spec_engine(model, "ngram", draft_max=4)
+    try:
+        collectors = [Collector() for _ in prompts]
+        for p, c in zip(prompts, collectors, strict=True):
+            engine.submit(GenerationRequest(p, max_tokens=24, sampler=GREEDY), c)
+        results = [c.wait() for c in collectors]
+    finally:
+        engine.stop()
+    for p, (tokens, finish) in zip(prompts, results, strict=True):
+        assert tokens == _reference(model, p, 24)
+        assert finish.n_generated == len(tokens)
+    m = engine.metrics
+    assert m.n_drafted > 0 and 0 < m.n_draft_accepted <= m.n_drafted
+    # accepted drafts save target steps: fewer decode calls than generated tokens
+    assert m.n_decode_calls < sum(len(t) for t, _ in results)
+    # rejected drafts left no cells behind: each slot holds exactly its history
+    for slot in engine.slots:
+        assert engine.ctx.kv.seq_pos_max(slot.id) == len(slot.cache_tokens) - 1
+        cells = np.flatnonzero((engine.ctx.kv.seqs & np.uint64(1 << slot.id)) != 0)
+        assert len(cells) == len(slot.cache_tokens)
+
+
+def test_speculation_respects_max_tokens_and_constraints_decode_plainly(model):
+    tok = model.tokenizer
+    p = tok.encode("def main():")
+    engine = _spec_engine(model, "ngram", n_slots=1, draft_max=8)
+    try:
+        for n in (1, 3, 5):
+            c = Collector()
+            engine.submit(GenerationRequest(p, max_tokens=n, sampler=GREEDY), c)
+            tokens, finish = c.wait()
+            assert tokens == _reference(model, p, n) and len(tokens) == n
+        drafted = engine.metrics.n_drafted
+        c = Collector()
+        engine.submit(GenerationRequest(p, max_tokens=6, sampler=GREEDY, logprobs=2), c)
+        tokens, _ = c.wait()
+        assert tokens == _reference(model, p, 6)
+        assert engine.metrics.n_drafted == drafted  # logprob requests do not speculate
+    finally:
+        engine.stop()
