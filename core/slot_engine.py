@@ -31,8 +31,6 @@ from tessera.errors import ContextOverflowError, TesseraError
 from tessera.prompt_store import MIN_TOKENS, PromptStore, common_prefix
 from tessera.sampling import Sampler
 from tessera.slot_scheduler import step
-from tessera.spec_decoder import SpecParams
-from tessera.speculative import DraftLength
 from tessera.slot_types import (
     EngineBusyError,
     FinishEvent,
@@ -43,6 +41,8 @@ from tessera.slot_types import (
     Task,
     TokenEvent,
 )
+from tessera.spec_decoder import SpecParams
+from tessera.speculative import DraftLength
 
 log = logging.getLogger("tessera.slots")
 

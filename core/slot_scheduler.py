@@ -202,9 +202,7 @@ def _sample(engine: SlotEngine, slot: Slot, row: np.ndarray) -> None:
     if req.logprobs is not None:
         logp = _log_softmax(row)
         top = np.argsort(-logp, kind="stable")[: req.logprobs]
-        event = TokenEvent(
-            token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top)
-        )
+        event = TokenEvent(token, float(logp[token]), tuple((int(t), float(logp[t])) for t in top))
     _emit(engine, slot, event)
 
 

@@ -13,9 +13,9 @@ from tessera.context import Context, ContextParams
 from tessera.engine import generate
 from tessera.errors import ContextOverflowError
 from tessera.model import default_model_path, load_model
+from tessera.prompt_store import common_prefix
 from tessera.runtime import Runtime
 from tessera.sampling import Sampler, SamplerParams
-from tessera.prompt_store import common_prefix
 from tessera.slot_engine import SlotEngine, slot_file_path
 from tessera.slot_types import (
     EngineBusyError,
