@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install lint
+.PHONY: run test install lint browser
 
 $(BIN)/tessera: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,7 +17,17 @@ install: $(BIN)/tessera
 run: install
 	$(BIN)/tessera run -p "The for statement" -n 64 --temp 0 --repeat-penalty 1.1
 
-test: install
+# The web UI's browser tests drive Debian's chromium through chromedriver (apt, as root or
+# with sudo); installed once, when missing.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		echo "installing chromium and chromium-driver for the web UI's browser tests"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q chromium chromium-driver; \
+	fi
+
+test: install browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 lint: install

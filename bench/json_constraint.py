@@ -13,7 +13,6 @@ The same logits sequence feeds every path.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
@@ -27,16 +26,21 @@ from tessera.tokenizer import Tokenizer
 
 
 class SyntheticVocab:
-    """Byte-level vocabulary: all 256 bytes plus JSON-looking and text substrings."""
+    """A byte-level-BPE-shaped vocabulary: all 256 bytes, JSON punctuation pairs, digit groups
+    of up to three digits, some multi-byte characters and words made of random syllables, with
+    and without a leading space (real tokenizers' files cannot be downloaded here)."""
 
     def __init__(self, size: int, seed: int = 0) -> None:
         rng = random.Random(seed)
-        words = ["name", "value", "id", "true", "false", "null", "items", "text", "é", "😀"]
-        pieces = {bytes([b]) for b in range(256)}
+        punct = ['{"', '"}', '":', '",', '["', '"]', '": "', '", "', "},", "],", "{}", "[]", "}}"]
+        pieces = {bytes([b]) for b in range(256)} | {p.encode() for p in punct}
+        pieces |= {str(i).encode() for i in range(1000)}
+        pieces |= {c.encode() for c in "éèüßçñ東京都市大学日本語データ値名前"}
+        syllables = [c + v for c in "bcdfghklmnprstvwz" for v in "aeiou"] + ["th", "ing", "er"]
         while len(pieces) < size - 1:
-            doc = json.dumps({rng.choice(words): [rng.random(), rng.choice(words)]})
-            start = rng.randrange(len(doc))
-            pieces.add(doc[start : start + rng.randint(2, 10)].encode())
+            word = "".join(rng.choice(syllables) for _ in range(rng.randint(1, 4)))
+            lead = rng.choice(["", " ", " ", "_"])
+            pieces.add((lead + (word.capitalize() if rng.random() < 0.2 else word)).encode())
         self.pieces = sorted(pieces)[: size - 1] + [b"<eog>"]
 
     @property

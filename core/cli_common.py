@@ -15,11 +15,18 @@ from tessera.sampling import SamplerParams
 log = logging.getLogger("tessera")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """-m, -c, -b, -ub, -np, -t, -fa and backend selection, named as in llama.cpp."""
+def add_model_arguments(parser: argparse.ArgumentParser, several_models: bool = False) -> None:
+    """-m, -c, -b, -ub, -np, -t, -fa and backend selection, named as in llama.cpp.
+
+    ``several_models``: -m may be repeated and ``args.model`` is a list (or None).
+    """
     g = parser.add_argument_group("model and context")
     g.add_argument(
-        "-m", "--model", help="GGUF file or Hugging Face folder (default: bundled model)"
+        "-m",
+        "--model",
+        action="append" if several_models else "store",
+        help="GGUF file or Hugging Face folder (default: bundled model)"
+        + ("; repeat for several models" if several_models else ""),
     )
     g.add_argument(
         "-c", "--ctx-size", type=int, default=0, help="context size (0 = model's, max 4096)"

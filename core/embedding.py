@@ -25,6 +25,7 @@ and ``/v1/rerank`` call::
   ``softmax``; default: the model's, else ``none`` for one label, ``softmax`` for more).
 - :attr:`Embedder.pooling`, :attr:`Embedder.n_embd` (output width), :attr:`is_reranker`,
   :attr:`is_embedding_model`, :attr:`n_ctx` describe the model for ``/props``-style reports.
+- Calls are serialized by a lock (one Context), so threads may share one Embedder.
 
 Every bad input (empty input, too long for the context, wrong ``dims``, ranking with a
 model that has no classifier) raises :class:`~tessera.errors.TesseraError` with one sentence.
@@ -32,6 +33,7 @@ model that has no classifier) raises :class:`~tessera.errors.TesseraError` with 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -114,6 +116,7 @@ class Embedder:
             n_seq_max=n_seq_max,
         )
         self.ctx = Context(model, params)
+        self._lock = threading.Lock()
         default_act = str(getattr(config, "classifier_activation", "") or "")
         labels = tuple(getattr(config, "classifier_labels", ()) or ())
         #: Number of classifier outputs (0: no classifier head).
@@ -185,12 +188,14 @@ class Embedder:
         for i, tokens in enumerate(token_lists):
             self._check_input(i, tokens)
         out = []
-        for pack in self._packs([len(t) for t in token_lists]):
-            batch = Batch.concat(
-                [Batch.for_sequence(token_lists[i], 0, s, "none") for s, i in enumerate(pack)]
-            )
-            tt = None if types is None else np.concatenate([types[i] for i in pack])
-            out.append(self.ctx.encode(batch, pooling, None if tt is None else tt.astype(np.int32)))
+        with self._lock:  # one Context: the server may call from several threads
+            for pack in self._packs([len(t) for t in token_lists]):
+                batch = Batch.concat(
+                    [Batch.for_sequence(token_lists[i], 0, s, "none") for s, i in enumerate(pack)]
+                )
+                tt = None if types is None else np.concatenate([types[i] for i in pack])
+                tt = None if tt is None else tt.astype(np.int32)
+                out.append(self.ctx.encode(batch, pooling, tt))
         return np.concatenate(out, axis=0)
 
     def check_dims(self, dims: int) -> None:
@@ -228,7 +233,9 @@ class Embedder:
         each row normalized."""
         self._check_input(0, tokens)
         batch = Batch.for_sequence(tokens, 0, 0, "all")
-        return normalize(self.ctx.encode(batch, "none"), self.normalize)
+        with self._lock:
+            hidden = self.ctx.encode(batch, "none")
+        return normalize(hidden, self.normalize)
 
     # -- reranking -----------------------------------------------------------------------
 

@@ -127,20 +127,20 @@ def loaded_nbytes(w: Any) -> int:
     return sum(int(v.nbytes) for v in vars(w).values() if hasattr(v, "nbytes"))
 
 
-def expert_slice(raw: RawTensor, qtype: Any, expert: int) -> RawTensor:
-    """Expert ``expert`` of a stacked ``(n_expert, rows, cols)`` tensor, as a 2-D tensor.
-
-    Quantized rows never straddle experts, so this is a view of the file's bytes.
-    """
-    n_expert, rows, cols = raw.shape
+def _span(raw: RawTensor, qtype: Any, expert: int) -> slice:
+    """The bytes of expert ``expert`` in a stacked ``(n_expert, rows, cols)`` tensor (quantized
+    rows never straddle experts, so slicing the file's bytes is exact and copies nothing)."""
+    _, rows, cols = raw.shape
     size = rows * qtype.row_bytes(cols)
-    data = raw.data[expert * size : (expert + 1) * size]
-    return RawTensor(f"{raw.name}[{expert}]", raw.ggml_type, (rows, cols), data)
+    return slice(expert * size, (expert + 1) * size)
 
 
 class SlowExperts:
-    """The slow tier: one layer's experts left in the memory-mapped file, converted to the
-    backend's form (dequantized, repacked, moved) every time they are fetched."""
+    """The slow tier: one layer's experts left in the memory-mapped file, converted every
+    time they are fetched to the form the backend multiplies fastest: dequantized to the
+    compute dtype on the backend's device (``from_numpy``). Experts are small matrices used
+    by few rows, where a dense matmul beats dequantizing inside every matmul; what a
+    conversion costs (dequantize, copy to the device) is what a cache hit saves."""
 
     def __init__(
         self, raws: tuple[RawTensor, RawTensor, RawTensor], qtypes: tuple, backend: Any, key: str
@@ -149,14 +149,15 @@ class SlowExperts:
         #: Identifies this layer's experts in a shared cache (file, tensor, backend form).
         self.key = key
         self.n_expert = raws[0].shape[0]
+        self.shapes = tuple(r.shape[1:] for r in raws)
         #: Experts converted and bytes of backend form produced (the miss path's cost).
         self.loads = 0
         self.bytes_loaded = 0
 
     def load(self, expert: int) -> tuple[Any, Any, Any]:
         out = tuple(
-            self.backend.load_weight(expert_slice(raw, qt, expert), qt)
-            for raw, qt in zip(self.raws, self.qtypes, strict=True)
+            self.backend.from_numpy(qt.dequantize_tensor(raw.data[_span(raw, qt, expert)], shape))
+            for raw, qt, shape in zip(self.raws, self.qtypes, self.shapes, strict=True)
         )
         self.loads += 1
         self.bytes_loaded += sum(loaded_nbytes(w) for w in out)
@@ -217,12 +218,16 @@ def build_experts(
             backend,
             f"{source}:{t.gate}:{form}",
         )
+        what = f"blk.{t.layer} experts"
         if not options.offloaded(index):
             layers[t.layer] = ResidentExperts(slow)
+            backend.record(what, f"resident {backend.dtype}", "dequantized once at load")
         elif cache is not None:
             layers[t.layer] = cache.wrap(slow)
+            backend.record(what, "offloaded, cached", "slow tier (--cpu-moe/-ncmoe) + cache")
         else:
             layers[t.layer] = slow
+            backend.record(what, "offloaded", "slow tier, converted at every use (no cache)")
     return ModelExperts(layers, cache)
 
 

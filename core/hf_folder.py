@@ -78,12 +78,41 @@ def read_safetensors_dir(hf_dir: Path) -> dict[str, np.ndarray]:
     if not files:
         raise ModelFileError(f"'{hf_dir}' has a config.json but no .safetensors weights")
     tensors: dict[str, np.ndarray] = {}
-    for file in files:
+    dense = sentence_transformers_dense(hf_dir)
+    for file in files + list(dense):
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
                     t = f.get_tensor(name)
+                    # a Dense module's linear.weight is named as llama.cpp's converter does
+                    name = dense[file] if file in dense and name == "linear.weight" else name
                     tensors[name] = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
         except Exception as exc:  # safetensors raises its own error types for bad headers
             raise ModelFileError(f"'{file}' is not a readable safetensors file ({exc})") from exc
     return tensors
+
+
+def sentence_transformers_dense(hf_dir: Path) -> dict[Path, str]:
+    """The weight files of a sentence-transformers folder's Dense modules (projections after
+    pooling, as EmbeddingGemma has), each with the name its ``linear.weight`` takes:
+    ``dense_{idx}_out.weight`` (llama.cpp's HF-side name)."""
+    modules_file = hf_dir / "modules.json"
+    if not modules_file.is_file():
+        return {}
+    try:
+        modules = json.loads(modules_file.read_text())
+        dense = [m for m in modules if m.get("type") == "sentence_transformers.models.Dense"]
+        out = {}
+        for m in dense:
+            config = json.loads((hf_dir / m["path"] / "config.json").read_text())
+            if config.get("bias") or "Identity" not in config.get("activation_function", "Id"):
+                raise ModelFileError(
+                    f"the Dense module '{m['path']}' has a bias or an activation; tessera reads "
+                    "only bias-free linear projections (as EmbeddingGemma's)"
+                )
+            out[hf_dir / m["path"] / "model.safetensors"] = f"dense_{int(m['idx'])}_out.weight"
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ModelFileError(
+            f"'{modules_file}' or a Dense module's config is unreadable ({exc}); fix or remove it"
+        ) from exc
+    return out

@@ -23,40 +23,27 @@ from typing import Any
 import numpy as np
 
 from tessera.errors import TesseraError
-from tessera.json_prefix import AFTER, COLON, STRING, STRING_PLAIN, JsonPrefix
-from tessera.json_string_scan import STRING_MODES, StringScanner
+from tessera.json_masks import MaskBuilder
+from tessera.json_prefix import JsonPrefix
 from tessera.sampling import Sampler
 
 # Rejections before the whole allowed mask is computed instead (bounds the worst case).
 REJECTION_TRIES = 16
+# Times a parser-state key is sampled without its mask before the mask is computed: rare
+# states never pay for a mask, frequent ones get the cheaper cached mask.
+LAZY_VISITS = 1
 # Allowed masks kept per factory (one per parser state key, n_vocab bools each).
 MASK_CACHE_SIZE = 256
 # Tokens past the top valid one a min-p-only sampler looks at before computing the mask.
 MIN_P_WINDOW = 64
 # TESSERA_JSON_REJECTION=0 turns off rejection sampling: every step computes the full mask.
 REJECTION_ENV = "TESSERA_JSON_REJECTION"
-# Trie subtrees entering a string with at least this many tokens go to the numpy scan.
-SCAN_MIN_TOKENS = 64
 # TESSERA_JSON_VECTOR=0 checks string states with the trie walk instead of the numpy scan.
 VECTOR_ENV = "TESSERA_JSON_VECTOR"
 
 
-class _TrieNode:
-    __slots__ = ("children", "ids", "_subtree")
-
-    def __init__(self) -> None:
-        self.children: dict[int, _TrieNode] = {}
-        self.ids: list[int] = []  # tokens whose bytes end here
-        self._subtree: list[int] | None = None
-
-    def subtree(self) -> list[int]:
-        if self._subtree is None:
-            self._subtree = self.ids + [i for c in self.children.values() for i in c.subtree()]
-        return self._subtree
-
-
 class JsonConstraintFactory:
-    """Per-tokenizer tables for JSON-constrained sampling: token bytes, trie, mask cache."""
+    """Per-tokenizer tables for JSON-constrained sampling: token bytes, mask builder, cache."""
 
     def __init__(
         self,
@@ -66,6 +53,7 @@ class JsonConstraintFactory:
         rejection: bool | None = None,
         vector_strings: bool | None = None,
         rejection_tries: int = REJECTION_TRIES,
+        lazy_visits: int = LAZY_VISITS,
         mask_cache_size: int = MASK_CACHE_SIZE,
     ) -> None:
         self.n_vocab = int(tokenizer.n_vocab)
@@ -75,20 +63,15 @@ class JsonConstraintFactory:
         self.rejection = rejection
         self.rejection_tries = rejection_tries
         self.mask_cache_size = mask_cache_size
-        self.eog = np.zeros(self.n_vocab, dtype=bool)
+        self.lazy_visits = lazy_visits
+        self._visits: dict[tuple, int] = {}  # lazy samples per uncached state key
+        eog = [bool(tokenizer.is_eog(i)) for i in range(self.n_vocab)]
+        self.eog = np.array(eog, dtype=bool).reshape(self.n_vocab)
         # None: never allowed inside the JSON (end-of-generation, control, empty tokens).
-        self.token_bytes: list[bytes | None] = []
-        self._root = _TrieNode()
-        for i in range(self.n_vocab):
-            data = tokenizer.token_to_bytes(i)
-            self.eog[i] = tokenizer.is_eog(i)
-            usable = data and not self.eog[i] and not tokenizer.is_special(i)
-            self.token_bytes.append(data if usable else None)
-            if usable:
-                node = self._root
-                for b in data:
-                    node = node.children.setdefault(b, _TrieNode())
-                node.ids.append(i)
+        self.token_bytes: list[bytes | None] = [
+            data if data and not eog[i] and not tokenizer.is_special(i) else None
+            for i, data in enumerate(map(tokenizer.token_to_bytes, range(self.n_vocab)))
+        ]
         if not self.eog.any():
             raise TesseraError(
                 "this tokenizer has no end-of-generation token, so JSON output cannot end; "
@@ -97,11 +80,22 @@ class JsonConstraintFactory:
         self._masks: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         if vector_strings is None:
             vector_strings = os.environ.get(VECTOR_ENV, "1") != "0"
-        self._strings = StringScanner(self.token_bytes) if vector_strings else None
+        self._builder = MaskBuilder(self.token_bytes, vector_strings)
 
     def new(self) -> JsonConstraint:
         """A fresh constraint for one generation, at the start of the document."""
         return JsonConstraint(self)
+
+    def sample_lazily(self, state: JsonPrefix) -> bool:
+        """Whether to try rejection for this uncached state (counts the visit)."""
+        if not self.rejection:
+            return False
+        if len(self._visits) > 65536:
+            self._visits.clear()  # bounded memory; forgetting only delays some masks
+        key = state.key()
+        seen = self._visits.get(key, 0)
+        self._visits[key] = seen + 1
+        return seen < self.lazy_visits
 
     def cached_mask(self, state: JsonPrefix) -> np.ndarray | None:
         """The allowed mask of ``state`` if its key is cached, else None."""
@@ -118,7 +112,7 @@ class JsonConstraintFactory:
         mask = self.cached_mask(state)
         if mask is not None:
             return mask
-        entry = self._entry(state)
+        entry = self._builder.entry(state)
         if self.mask_cache_size > 0:
             self._masks[state.key()] = entry
             if len(self._masks) > self.mask_cache_size:
@@ -131,75 +125,6 @@ class JsonConstraintFactory:
         for i in dependent:
             mask[i] = state.accepts(self.token_bytes[i])
         return mask
-
-    def _entry(self, state: JsonPrefix) -> tuple[np.ndarray, np.ndarray]:
-        """Valid tokens for the state's key, plus tokens that pop below what the key knows
-        (their validity depends on deeper stack entries, so they are checked per state)."""
-        valid = np.zeros(self.n_vocab, dtype=bool)
-        dependent: list[int] = []
-        floor = -1 if len(state.stack) <= 2 else len(state.stack) - 2
-        if self._strings is not None and state.mode in STRING_MODES:
-            self._string_tail(state, None, 0, floor, valid, dependent)
-        else:
-            self._walk_trie(state, floor, valid, dependent)
-        return valid, np.asarray(dependent, dtype=np.int64)
-
-    def _walk_trie(self, state: JsonPrefix, floor: int, valid: np.ndarray, dependent: list) -> None:
-        """Depth-first over the vocabulary trie; a subtree is cut at its first invalid byte,
-        and large subtrees that enter a string go to the vectorised string scan."""
-        todo = [(self._root, state, 0)]
-        while todo:
-            node, st, depth = todo.pop()
-            if len(st.stack) <= floor:
-                for child in node.children.values():
-                    dependent.extend(child.subtree())
-                continue
-            plain = st.mode == STRING
-            for b, child in node.children.items():
-                if plain and b in STRING_PLAIN:
-                    nxt = st  # unchanged, and states on the stack are never mutated
-                else:
-                    nxt = st.copy()
-                    if not nxt.step(b):
-                        continue
-                valid[child.ids] = True
-                if not child.children:
-                    continue
-                if (
-                    self._strings is not None
-                    and nxt.mode in STRING_MODES
-                    and len(child.subtree()) >= SCAN_MIN_TOKENS
-                ):
-                    below = [i for c in child.children.values() for i in c.subtree()]
-                    self._string_tail(nxt, below, depth + 1, floor, valid, dependent)
-                else:
-                    todo.append((child, nxt, depth + 1))
-
-    def _string_tail(
-        self,
-        state: JsonPrefix,
-        ids: list[int] | None,
-        offset: int,
-        floor: int,
-        valid: np.ndarray,
-        dependent: list,
-    ) -> None:
-        """Check tokens (all, or ``ids``) from byte ``offset`` on, ``state`` being inside a
-        string: the vectorised scan up to the closing quote, the parser after it."""
-        scan = self._strings.scan(state, ids, offset)
-        valid[scan.valid] = True
-        closed = state.copy()
-        closed.mode, closed.aux, closed.is_key = (COLON if state.is_key else AFTER), None, False
-        for token, start in zip(scan.closers.tolist(), scan.close_at.tolist(), strict=True):
-            st = closed.copy()
-            for b in self.token_bytes[token][start:]:
-                if len(st.stack) <= floor:
-                    dependent.append(token)
-                    break
-                if not st.step(b):
-                    break
-            else:
-                valid[token] = True
 
 
 class JsonConstraint:
@@ -258,7 +183,7 @@ class JsonConstraint:
         logits = logits.copy()
         logits[f.n_vocab :] = -np.inf  # padding rows past the vocabulary are never tokens
         mask = None if self.state.complete else f.cached_mask(self.state)
-        if mask is None and f.rejection and not self.state.complete:
+        if mask is None and not self.state.complete and f.sample_lazily(self.state):
             token = self._sample_lazily(sampler, logits)
             if token is not None:
                 return token

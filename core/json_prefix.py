@@ -8,7 +8,8 @@ continuations are still valid and when the object is complete.
 Two choices beyond the RFC, both so generation always ends:
 
 - at most ``max_ws_run`` consecutive whitespace bytes (a model cannot loop on spaces);
-- nothing may follow the closing brace of the top-level object, not even whitespace.
+- the document starts with its ``{`` and ends with the matching ``}``: no whitespace before
+  or after (as llama.cpp's JSON grammar, whose root is the object itself).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ ESCAPES = frozenset(b'"\\/bfnrt')
 # String bytes that leave the parser state exactly as it was.
 STRING_PLAIN = frozenset(range(0x20, 0x80)) - {0x22, 0x5C}
 LITERALS = {ord("t"): b"rue", ord("f"): b"alse", ord("n"): b"ull"}
-# Modes where whitespace may appear (between tokens of the grammar).
-STRUCTURAL = frozenset((START, OBJ_FIRST, OBJ_KEY, COLON, VALUE, ARR_FIRST, AFTER))
+# Modes where whitespace may appear (between tokens of the grammar; not before the object).
+STRUCTURAL = frozenset((OBJ_FIRST, OBJ_KEY, COLON, VALUE, ARR_FIRST, AFTER))
 # Number modes that already form a whole number, so a delimiter may end them.
 NUMBER_ENDS = frozenset((ZERO, INT, FRAC, EXP))
 

@@ -152,6 +152,10 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
             {"name": name, "description": info.description}
             for name, info in sorted(runtime.spec_decoders().items())
         ],
+        "expert_caches": [
+            {"name": name, "description": info.description}
+            for name, info in runtime.expert_caches().items()
+        ],
     }
 
 
@@ -183,6 +187,8 @@ def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
         print(f"communicator {entry['name']}: {kind}; {state} — {entry['description']}")
     for name, info in sorted(runtime.spec_decoders().items()):
         print(f"spec decoder {name}: {info.description}")
+    for name, info in runtime.expert_caches().items():
+        print(f"expert cache {name}: {info.description}")
     for conflict in runtime.conflicts:
         print(f"conflict: {conflict}")
     return 0

@@ -51,14 +51,18 @@ class SequenceAttention:
     What an encoder receives as ``ForwardInput.kv``. On the ``rows`` path (the context's
     :func:`~tessera.context.choose_kv_path`) each sequence is one slice of
     ``attention_rows`` over the ubatch's own K/V, so the work is the sum of the squared
-    sequence lengths; on the ``dense`` path it is one ``(T, T)`` same-sequence mask.
+    sequence lengths; on the ``dense`` path it is one ``(T, T)`` same-sequence mask. A
+    symmetric sliding window (``|pos_q - pos_k| < window``, bidirectional Gemma layers)
+    takes the dense path when some input is longer than the window.
     """
 
-    def __init__(self, seq_ids: np.ndarray, path: str) -> None:
+    def __init__(self, seq_ids: np.ndarray, path: str, positions: np.ndarray | None = None) -> None:
         self.seq_ids = seq_ids
         self.path = path
+        self.positions = np.zeros(len(seq_ids), np.int32) if positions is None else positions
         self._rows: KVRows | None = None
         self._mask: np.ndarray | None = None
+        self._window_masks: dict[int, np.ndarray] = {}
 
     def rows(self) -> KVRows:
         """One slice per sequence; all positions 0, so the causal rule lets every row in."""
@@ -80,8 +84,15 @@ class SequenceAttention:
             self._mask = self.seq_ids[:, None] == self.seq_ids[None, :]
         return self._mask
 
-    def attend(self, backend: Any, q: Any, k: Any, v: Any, scale: float) -> Any:
-        """``(T, H * D)`` attention of ``q`` over ``k``/``v`` ``(T, H, D)`` of the ubatch."""
+    def attend(self, backend: Any, q: Any, k: Any, v: Any, scale: float, window: int = 0) -> Any:
+        """``(T, H * D)`` attention of ``q`` over ``k``/``v`` ``(T, H, D)`` of the ubatch;
+        with ``window > 0`` only rows less than ``window`` positions away."""
+        if window > 0 and int(self.positions.max()) >= window:
+            mask = self._window_masks.get(window)
+            if mask is None:
+                near = np.abs(self.positions[:, None] - self.positions[None, :]) < window
+                mask = self._window_masks[window] = self.mask() & near
+            return backend.attention(q, k, v, len(self.seq_ids), mask, scale)
         if self.path == "rows":
             return backend.attention_rows(q, k, v, self.rows(), scale)
         return backend.attention(q, k, v, len(self.seq_ids), self.mask(), scale)
@@ -130,7 +141,7 @@ def hidden_states(
     try:
         for rows in groups:
             seq_ids, positions = batch.seq_ids[rows], batch.positions[rows]
-            kv: Any = SequenceAttention(seq_ids, ctx.kv_path)
+            kv: Any = SequenceAttention(seq_ids, ctx.kv_path, positions)
             if causal:
                 cells = ctx.kv.find_slot(len(rows), seq_ids)
                 ctx.kv.commit(cells, positions, seq_ids)
@@ -202,14 +213,36 @@ def encode_batch(
     h = hidden_states(ctx, batch, want, token_types)
     if pooling == "none":
         return h[want]
+    if pooling == "rank":
+        return classifier_head(ctx.model, h[first])
+    return dense_out(ctx.model, _pool(pooling, h, inverse, len(seqs), first, last))
+
+
+def dense_out(model: Any, pooled: np.ndarray) -> np.ndarray:
+    """The projections some models apply after pooling (GGUF ``dense_2``, ``dense_3``:
+    EmbeddingGemma's sentence-transformers Dense modules), in that order, without bias."""
+    names = [n for n in ("dense_2.weight", "dense_3.weight") if n in model.weights]
+    if not names:
+        return pooled
+    b = model.backend
+    x = b.from_numpy(pooled)
+    for name in names:
+        x = b.matmul(x, model.weights[name])
+    return b.to_numpy(x).astype(np.float32)
+
+
+def _pool(
+    pooling: str,
+    h: np.ndarray,
+    inverse: np.ndarray,
+    n_seq: int,
+    first: np.ndarray,
+    last: np.ndarray,
+) -> np.ndarray:
     if pooling == "mean":
-        # one (n_seq, T) averaging matrix: a single matmul instead of a loop over sequences
-        weights = np.zeros((len(seqs), len(batch)), dtype=np.float32)
-        weights[inverse, np.arange(len(batch))] = 1.0
-        weights /= weights.sum(axis=1, keepdims=True)
-        return weights @ h
-    if pooling == "last":
-        return h[last]
-    if pooling == "cls":
-        return h[first]
-    return classifier_head(ctx.model, h[first])
+        # rows sorted by sequence, then one segmented sum (no Python loop, no BLAS call)
+        order = np.argsort(inverse, kind="stable")
+        counts = np.bincount(inverse, minlength=n_seq)
+        sums = np.add.reduceat(h[order], np.cumsum(counts) - counts, axis=0)
+        return (sums / counts[:, None]).astype(np.float32)
+    return h[last] if pooling == "last" else h[first]

@@ -113,6 +113,20 @@ class ShardedModel:
     world_size: int
 
 
+def read_model_file(path: str | os.PathLike[str]) -> Any:
+    """The parsed GGUF model file (memory-mapped) a tensor-parallel rank loads from."""
+    path = Path(path)
+    if path.is_dir():
+        raise TesseraError(
+            f"tensor parallel loads GGUF files and '{path}' is a folder; convert it first with "
+            "`tessera convert`"
+        )
+    gguf = read_gguf(path)
+    if not gguf.architecture:
+        raise ModelFileError(f"'{path}' has no general.architecture key; pass a model file")
+    return gguf
+
+
 def load_model_shard(
     path: str | os.PathLike[str],
     runtime: Any,
@@ -128,9 +142,7 @@ def load_model_shard(
     from tessera.model import _tokenizer
 
     path = Path(path)
-    gguf = read_gguf(path)
-    if not gguf.architecture:
-        raise ModelFileError(f"'{path}' has no general.architecture key; pass a model file")
+    gguf = read_model_file(path)
     arch = runtime.architecture(gguf.architecture)
     shapes = {name: t.shape for name, t in gguf.tensors.items()}
     config = arch.config_from_gguf(gguf.metadata, shapes)

@@ -145,7 +145,8 @@ _CJK_RANGES = (
 
 
 def _is_cjk(cp: int) -> bool:
-    return any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+    # most text is below the first CJK block: skip the range scan for it
+    return cp >= 0x3400 and any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
 def wpm_words(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:

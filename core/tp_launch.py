@@ -74,6 +74,19 @@ class RankSpec:
     threads: int = 0
 
 
+def _default_device(spec: RankSpec) -> str | None:
+    """With no --device on a machine with several GPUs, rank r takes GPU r mod count
+    (NCCL needs one GPU per rank); otherwise the backend's own choice."""
+    if spec.device is not None or spec.backend not in (None, "torch"):
+        return spec.device
+    try:
+        import torch
+    except ImportError:
+        return None
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"cuda:{spec.rank % count}" if count > 1 else None
+
+
 def _load_and_join(spec: RankSpec, runtime: Any) -> tuple[Any, Any]:
     shard = load_model_shard(
         spec.model,
@@ -81,7 +94,7 @@ def _load_and_join(spec: RankSpec, runtime: Any) -> tuple[Any, Any]:
         spec.rank,
         spec.world_size,
         spec.backend,
-        device=spec.device,
+        device=_default_device(spec),
         dtype=spec.dtype,
     )
     if spec.threads > 0:
@@ -164,6 +177,23 @@ class TPSession:
             )
 
 
+def _check_before_spawning(spec: RankSpec, runtime: Any) -> None:
+    """Refuse what rank 0 can see alone (an unknown communicator, heads that do not
+    divide) before any other rank starts, so the error is printed once."""
+    from tessera.tensor_parallel import read_model_file
+
+    known = runtime.communicators()
+    if spec.communicator is not None and spec.communicator not in known:
+        raise CommunicatorError(
+            f"unknown communicator '{spec.communicator}'; the installed communicators are: "
+            + (", ".join(sorted(known)) or "none")
+        )
+    gguf = read_model_file(spec.model)
+    arch = runtime.architecture(gguf.architecture)
+    shapes = {name: t.shape for name, t in gguf.tensors.items()}
+    arch.tensor_parallel(arch.config_from_gguf(gguf.metadata, shapes), 0, spec.world_size)
+
+
 def start(args: argparse.Namespace, runtime: Any) -> TPSession | int:
     """From ``tessera run`` flags: a :class:`TPSession` on rank 0, or (other ranks) serve
     until rank 0 stops and return the exit code."""
@@ -177,7 +207,9 @@ def start(args: argparse.Namespace, runtime: Any) -> TPSession | int:
     if rank is not None and args.tp_master is None:
         raise TesseraError("--tp-rank needs --tp-master HOST:PORT (rank 0's address)")
     master = args.tp_master or f"127.0.0.1:{free_port('127.0.0.1')}"
-    threads = args.threads if args.threads > 0 else max(1, (os.cpu_count() or 1) // args.tp)
+    threads = args.threads
+    if threads <= 0 and rank is None:  # local ranks share this machine's cores
+        threads = max(1, (os.cpu_count() or 1) // args.tp)
     base = RankSpec(
         model=str(args.model or default_model_path()),
         rank=0,
@@ -192,6 +224,7 @@ def start(args: argparse.Namespace, runtime: Any) -> TPSession | int:
     )
     if rank is not None and rank > 0:
         return run_worker(attrs.evolve(base, rank=rank), runtime)
+    _check_before_spawning(base, runtime)
     processes = []
     if rank is None:
         mp = multiprocessing.get_context("spawn")

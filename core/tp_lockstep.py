@@ -95,13 +95,20 @@ class TPContext(Context):
         self.comm.broadcast(body, 0)
         return super().decode(batch)
 
+    def encode(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TesseraError("embeddings are not tensor-parallel yet; run without --tp to embed")
+
     def save_state(self, *args: Any, **kwargs: Any) -> None:
-        raise TesseraError("context states of a tensor-parallel run cannot be saved yet; run "
-                           "without --tp to use --prompt-cache")  # fmt: skip
+        raise TesseraError(
+            "context states of a tensor-parallel run cannot be saved yet; run without --tp "
+            "to use --prompt-cache"
+        )
 
     def load_state(self, *args: Any, **kwargs: Any) -> list[int]:
-        raise TesseraError("context states cannot be loaded into a tensor-parallel run yet; "
-                           "run without --tp to use --prompt-cache")  # fmt: skip
+        raise TesseraError(
+            "context states cannot be loaded into a tensor-parallel run yet; run without --tp "
+            "to use --prompt-cache"
+        )
 
     def stop(self) -> None:
         """Tell the other ranks to leave their loop (the last command of a run)."""

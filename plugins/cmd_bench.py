@@ -10,8 +10,8 @@ deviation of tokens/s, as llama-bench:
 - ``tg<n>``: ``n`` tokens decoded one at a time into an empty cache.
 
 A warm-up pp and tg run first (``--no-warmup`` skips them). Repetitions are interleaved
-across instances (rep 1 of every instance, then rep 2 ...), so on a shared machine a
-burst of load hits every instance alike: ``--prune on,off`` is a side-by-side A/B.
+across instances (rep 1 of every instance, then rep 2 in reverse order ...), so on a
+shared machine load drift hits every instance alike: ``--prune on,off`` is an A/B.
 Models: ``-m FILE`` (GGUF or HF folder), or random weights of named shapes
 (``--shape gemma4-e2b,gemma4-e4b``, :mod:`tessera.testing.shapes`).
 Output ``-o md|json|jsonl|csv`` with llama-bench's field names (avg_ts, stddev_ts, ...).
@@ -183,8 +183,9 @@ def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
         if not args.no_warmup and tests:
             run_test(ctx, Test(inst, min(n_ctx - 1, 32), 1), rng)
         runs.append((inst, ctx, tests))
-    for _ in range(max(args.repetitions, 1)):
-        for inst, ctx, tests in runs:
+    for rep in range(max(args.repetitions, 1)):
+        # Alternate the order per repetition: a drift in machine load hits every instance.
+        for inst, ctx, tests in runs if rep % 2 == 0 else runs[::-1]:
             if inst.n_threads > 0:
                 model.backend.set_threads(inst.n_threads)
             for test in tests:

@@ -126,6 +126,8 @@ class PairwiseCommunicator(Communicator):
                 magic, peer_op, peer_code, _, seq, length = HEADER.unpack(head)
                 if magic != MAGIC:
                     raise self._fail(f"rank {self.peer} sent a frame that is not pairwise")
+                if peer_op == OP_BYE:
+                    raise self._fail(f"rank {self.peer} left the group (it stopped)")
                 if peer_op != op or seq != self.seq:
                     raise self._fail(
                         f"rank {self.peer} called {OP_NAMES.get(peer_op, peer_op)} #{seq} "

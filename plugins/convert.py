@@ -106,7 +106,10 @@ def convert_hf_to_gguf(
     key = _check_outtype(outtype)
     qtype_name, file_type = OUTTYPES[key]
     runtime.quant_type_by_name(qtype_name)  # fail early if that quant plugin is missing
-    hf_dir = resolve_model_path(hf_dir)  # a folder, or a packaged model's name
+    resolved = resolve_model_path(hf_dir)  # a folder, or a packaged model's name
+    if name is None and resolved != Path(hf_dir):
+        name = Path(hf_dir).name  # "all-MiniLM-L6-v2", not the package's folder name
+    hf_dir = resolved
     hf_config = read_hf_config(hf_dir)
     arch = runtime.hf_architecture(hf_config["model_type"])
     config = arch.config_from_hf(hf_config)

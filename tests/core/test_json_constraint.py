@@ -221,7 +221,9 @@ def test_rejection_sampling_draws_from_the_masked_distribution(chain, monkeypatc
     logits = rng.normal(scale=1.5, size=SMALL.n_vocab).astype(np.float32)
     n = 10000
     for rejection in (True, False):
-        factory = JsonConstraintFactory(SMALL, rejection=rejection, mask_cache_size=0)
+        factory = JsonConstraintFactory(
+            SMALL, rejection=rejection, mask_cache_size=0, lazy_visits=n
+        )
         constraint = factory.new()
         constraint.state.feed(b'{"a":')  # a value comes next: about half the tokens fit
         allowed = brute_mask(constraint)
@@ -246,8 +248,64 @@ def test_the_switches_turn_the_optimizations_off(monkeypatch):
     monkeypatch.setenv("TESSERA_JSON_REJECTION", "0")
     monkeypatch.setenv("TESSERA_JSON_VECTOR", "0")
     factory = JsonConstraintFactory(SMALL)
-    assert not factory.rejection and factory._strings is None
+    assert not factory.rejection and factory._builder._strings is None
     monkeypatch.setenv("TESSERA_JSON_REJECTION", "1")
     monkeypatch.setenv("TESSERA_JSON_VECTOR", "1")
     factory = JsonConstraintFactory(SMALL)
-    assert factory.rejection and factory._strings is not None
+    assert factory.rejection and factory._builder._strings is not None
+
+
+def test_a_state_seen_again_gets_its_mask_cached():
+    factory = JsonConstraintFactory(SMALL, lazy_visits=1)
+    sampler = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0))
+    logits = np.zeros(SMALL.n_vocab, dtype=np.float32)
+    constraint = factory.new()
+    constraint.state.feed(b'{"a":')
+    constraint.sample(sampler, logits)
+    assert not factory._masks  # the first visit is served by rejection alone
+    constraint.sample(sampler, logits)
+    assert list(factory._masks) == [constraint.state.key()]
+
+
+def close_document(state) -> bytes:
+    """Bytes that finish the document, each the first byte the validator accepts from a
+    fixed order that closes things (strings, then containers) before opening new ones."""
+    order = b'"}]:0{' + bytes(range(256))
+    out = bytearray()
+    while not state.complete:
+        b = next(b for b in order if state.accepts(bytes([b])))
+        state.step(b)
+        out.append(b)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_default_model_writes_json_prefixes_under_the_constraint(seed):
+    """A trained model's logits through the whole stack: after every token the output is
+    json.loads-able once closed, and exactly json.loads-able if it completed by itself."""
+    from tessera.batch import Batch
+    from tessera.context import Context, ContextParams
+    from tessera.engine import prefill
+    from tessera.model import load_model
+    from tessera.runtime import Runtime
+
+    model = load_model(default_model_path(), Runtime(), "numpy")
+    tok = model.tokenizer
+    ctx = Context(model, ContextParams(n_ctx=256))
+    prompt = tok.encode("Here is the answer as JSON: ")
+    logits = prefill(ctx, prompt)
+    factory = JsonConstraintFactory(tok)
+    constraint, sampler, out = factory.new(), Sampler(SamplerParams(seed=seed)), []
+    while len(out) < 48:
+        token = constraint.sample(sampler, logits, out)
+        constraint.accept(token)
+        if constraint.finished:
+            break
+        out.append(token)
+        text = tok.decode(out, skip_special=True).encode()
+        state = factory.new().state
+        assert state.feed(text)
+        assert isinstance(json.loads(text + close_document(state)), dict)
+        logits = ctx.decode(Batch([token], [len(prompt) + len(out) - 1], [0], [True]))[0]
+    if constraint.finished:
+        assert isinstance(json.loads(tok.decode(out, skip_special=True)), dict)

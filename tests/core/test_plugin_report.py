@@ -77,8 +77,10 @@ def test_json_report_has_the_stable_schema(capsys):
     assert report["schema"] == REPORT_SCHEMA
     assert set(report) == {
         "schema", "tessera_version", "plugin_api", "plugins", "failures", "architectures",
-        "quant_types", "commands", "backends", "conflicts", "communicators",
+        "quant_types", "commands", "backends", "conflicts", "communicators", "spec_decoders",
+        "expert_caches",
     }  # fmt: skip
+    assert {c["name"] for c in report["expert_caches"]} == set(Runtime().expert_caches())
     rt = Runtime()
     assert [p["name"] for p in report["plugins"]] == [p.name for p in rt.plugins]
     llama = next(p for p in report["plugins"] if p["name"] == "arch-llama")

@@ -148,3 +148,69 @@ def test_run_cli_with_tp_2_prints_the_single_process_text(qwen2_f32):
     single, tp = run(), run("--tp", "2", "--communicator", "pairwise")
     assert tp.stdout == single.stdout and single.stdout.strip()
     assert "tp 2 via pairwise" in tp.stderr
+
+
+class Recorder:
+    """A one-rank communicator that records what rank 0 broadcasts (or replays it)."""
+
+    rank, world_size, path = 0, 1, "memory"
+
+    def __init__(self, replay=None):
+        self.sent = []
+        self.replay = list(replay) if replay is not None else None
+
+    def broadcast(self, x, root=0):
+        if self.replay is not None:
+            return self.replay.pop(0)
+        self.sent.append(np.array(x))
+        return x
+
+    def all_reduce(self, x):
+        return x
+
+    def all_gather(self, x):
+        return x[None]
+
+
+def _recording_cells(model):
+    """Make ``model``'s graph record the KV cells and mask of every ubatch it runs."""
+    seen = []
+    forward = model.graph.forward
+
+    def recording(inp):
+        seen.append((inp.kv.cells.tolist(), inp.kv.mask.tolist()))
+        return forward(inp)
+
+    model.graph.forward = recording
+    return seen
+
+
+def test_lockstep_commands_rebuild_rank_0s_kv_cache_on_another_rank(qwen2_f32):
+    from tessera.batch import Batch
+    from tessera.context import ContextParams
+    from tessera.errors import TesseraError
+    from tessera.runtime import Runtime
+    from tessera.tensor_parallel import attach, load_model_shard
+    from tessera.tp_lockstep import OP_CONTEXT, OP_DECODE, OP_KV, OP_STOP, TPContext, serve_worker
+
+    runtime = Runtime()
+    rank0 = Recorder()
+    model = attach(load_model_shard(qwen2_f32, runtime, 0, 1, "numpy"), rank0)
+    seen0 = _recording_cells(model)
+    ctx = TPContext(model, ContextParams(n_ctx=64, n_ubatch=4, n_seq_max=2), rank0)
+    ctx.decode(Batch.for_sequence(PROMPT[:6], 0, 0, "last"))
+    ctx.kv.seq_cp(0, 1, 0, 3)
+    ctx.kv.seq_rm(0, 2)
+    ctx.decode(Batch([9, 10], [2, 3], [0, 1], [True, True]))
+    with pytest.raises(TesseraError, match="token ids must be in"):
+        ctx.decode(Batch([10**6], [5], [0], [True]))  # refused before anything is sent
+    with pytest.raises(TesseraError, match="run without --tp to use --prompt-cache"):
+        ctx.save_state("x.state")
+    ctx.stop()
+    ops = [int(a[0]) for a in rank0.sent if a.dtype == np.int64 and a.shape == (8,)]
+    assert ops == [OP_CONTEXT, OP_DECODE, OP_KV, OP_KV, OP_DECODE, OP_STOP]
+
+    other = attach(load_model_shard(qwen2_f32, runtime, 0, 1, "numpy"), Recorder())
+    seen1 = _recording_cells(other)
+    assert serve_worker(other, Recorder(replay=rank0.sent)) == 2
+    assert len(seen0) == 3 and seen1 == seen0  # same cells, same masks, every ubatch

@@ -29,6 +29,9 @@ N_PROMPT, N_PREDICT = 20, 8
 DIMS = {"n_layer": 6, "n_swa": 5, "final_logit_softcapping": 1.0}
 
 test_gemma4_architecture_conformance = architecture_conformance("gemma4", **DIMS)
+test_gemma4_conformance_torch_bf16 = architecture_conformance(
+    "gemma4", backend="torch", dtype="bf16", **DIMS
+)
 
 
 @pytest.fixture(scope="module")

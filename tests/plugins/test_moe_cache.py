@@ -214,3 +214,27 @@ def test_without_the_cache_plugin_offloaded_experts_still_run(moe_gguf):
     np.testing.assert_array_equal(
         logits_of(model, prompt), logits_of(load(moe_gguf, "numpy"), prompt)
     )
+
+
+def run_cli(capsys, *argv):
+    from tessera.cli import main
+
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_flags_offload_and_cache_without_changing_the_text(capsys, moe_gguf):
+    args = ["run", "-m", str(moe_gguf), "-p", "The for statement", "-n", "6", "--temp", "0"]
+    code, resident, err = run_cli(capsys, *args, "--backend", "numpy")
+    assert code == 0, err
+    for flags in (["--cpu-moe", "--moe-cache-mib", "0.1"], ["-ncmoe", "2", "--moe-cache-shared"]):
+        code, out, err = run_cli(capsys, *args, "--backend", "numpy", *flags)
+        assert code == 0, err
+        assert out == resident
+
+
+def test_cli_refuses_a_negative_budget_in_one_line(capsys, moe_gguf):
+    code, _, err = run_cli(capsys, "run", "-m", str(moe_gguf), "-p", "x", "--moe-cache-mib", "-1")
+    assert code != 0
+    assert err.strip().splitlines()[-1].startswith("error: --moe-cache-mib")

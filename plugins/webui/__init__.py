@@ -1,0 +1,50 @@
+"""The web UI of ``tessera serve``: a chat page and a Models Manager at ``/``, and the
+JSON API the manager uses (``/api/models``, ``/api/downloads``).
+
+This entry module stays light: the handlers load only when a route is first called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from tessera.hookspecs import hookimpl
+from tessera.routes import ServerRoute
+
+TESSERA_PLUGIN_API = 1
+
+
+def _lazy(module: str, name: str) -> Callable[[Any], Any]:
+    async def endpoint(request: Any) -> Any:
+        handler = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return await handler(request)
+
+    endpoint.__name__ = name
+    return endpoint
+
+
+#: (path, module, handler, methods, public): the page and its files are public (they
+#: hold no data); the API needs the key.
+_ROUTES = [
+    ("/", "static_files", "index", ("GET",), True),
+    ("/ui/{filename}", "static_files", "asset", ("GET",), True),
+    ("/api/models", "api", "list_models", ("GET",), False),
+    ("/api/models/load", "api", "load", ("POST",), False),
+    ("/api/models/unload", "api", "unload", ("POST",), False),
+    ("/api/models/delete", "api", "delete", ("POST",), False),
+    ("/api/models/hide", "api", "hide", ("POST",), False),
+    ("/api/models/favourite", "api", "favourite", ("POST",), False),
+    ("/api/downloads", "api", "list_downloads", ("GET",), False),
+    ("/api/downloads", "api", "start_download", ("POST",), False),
+    ("/api/downloads/pause", "api", "pause_download", ("POST",), False),
+    ("/api/downloads/resume", "api", "resume_download", ("POST",), False),
+    ("/api/downloads/cancel", "api", "cancel_download", ("POST",), False),
+]
+
+
+@hookimpl
+def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
+    for path, module, name, methods, public in _ROUTES:
+        register(ServerRoute(path, _lazy(module, name), methods, public, f"webui.{name}"))

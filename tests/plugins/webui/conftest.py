@@ -1,0 +1,87 @@
+"""Tiny random-weight models in a models directory, and a multi-model server over them
+(numpy backend: deterministic), plus a JSON helper for the API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tessera.model import default_model_path
+from tessera.testing.models import make_gguf
+from tessera.testing.server import live_server
+
+#: name -> (make_gguf keyword arguments)
+MODELS = {
+    "alpha.gguf": {"seed": 1},
+    "beta-q8.gguf": {"seed": 2, "qtype": "q8_0"},
+    "gamma.gguf": {"seed": 3, "n_layer": 1},
+}
+
+
+def call(url: str, body: dict | None = None, key: str | None = None) -> tuple[int, dict]:
+    """GET (no body) or POST JSON; (status, decoded JSON answer)."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def rows(srv) -> dict[str, dict]:
+    status, body = call(srv.url + "/api/models")
+    assert status == 200, body
+    return {m["name"]: m for m in body["models"]}
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def unload_all(srv) -> None:
+    for name, m in rows(srv).items():
+        if m["state"] == "loaded":
+            assert call(srv.url + "/api/models/unload", {"model": name})[0] == 200
+
+
+@pytest.fixture(scope="session")
+def model_sources(tmp_path_factory) -> dict[str, Path]:
+    src = tmp_path_factory.mktemp("model-sources")
+    return {name: make_gguf(src / name, **kwargs) for name, kwargs in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory, model_sources) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    for name, path in model_sources.items():
+        shutil.copyfile(path, d / name)
+    return d
+
+
+def server_argv(models_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--backend", "numpy", "--models-dir", str(models_dir), "--models-max", "2",
+        "-m", str(default_model_path()), "-c", "256", "-np", "2", "-b", "64", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(models_dir):
+    with live_server(server_argv(models_dir)) as srv:
+        yield srv
