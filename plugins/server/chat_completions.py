@@ -80,7 +80,7 @@ async def chat_completions(request: Request) -> Any:
     prompt = prompt_tokens(served, sessions[0].prompt())
     want_logprobs = f.boolean("logprobs", False)
     n_top = f.integer("top_logprobs", 0, 0, 20) if want_logprobs else -1
-    requests = generation_requests(f, served, prompt, n, max_tokens(f, served, -1), n_top)
+    requests = await generation_requests(f, served, prompt, n, max_tokens(f, served, -1), n_top)
     runs = start_runs(served, requests, f.string_list("stop"))
     head = response_head(served, "chat.completion", "chatcmpl")
     if f.boolean("stream", False):

@@ -65,7 +65,7 @@ async def completions(request: Request) -> Any:
     stream = f.boolean("stream", False)
     n_top = -1 if logprobs is None else logprobs
     requests = [
-        req for p in prompts for req in generation_requests(f, served, p, n, n_predict, n_top)
+        req for p in prompts for req in await generation_requests(f, served, p, n, n_predict, n_top)
     ]
     runs = start_runs(served, requests, f.string_list("stop"))
     head = response_head(served, "text_completion", "cmpl")

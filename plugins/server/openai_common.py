@@ -67,7 +67,7 @@ def max_tokens(f: Fields, served: ServedModel, default: int) -> int:
     return value
 
 
-def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
+async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
     """The constraint factory ``response_format`` asks for (None for plain text)."""
     fmt = f.obj("response_format")
     kind = (fmt or {}).get("type", "text")
@@ -83,17 +83,19 @@ def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
         )
     from tessera.json_constraint import JsonConstraintFactory
 
-    # the factory renders the whole vocabulary once; every request reuses it
+    # the factory renders the whole vocabulary once (seconds for a large one: off the event
+    # loop); every later request of this model reuses it
     factory = served.extras.get("json_constraint")
     if factory is None:
-        factory = served.extras["json_constraint"] = JsonConstraintFactory(served.tokenizer)
+        factory = await asyncio.to_thread(JsonConstraintFactory, served.tokenizer)
+        factory = served.extras.setdefault("json_constraint", factory)
     return factory.new
 
 
-def generation_requests(
+async def generation_requests(
     f: Fields, served: ServedModel, prompt: Sequence[int], n: int, n_predict: int, logprobs: int
 ) -> list[GenerationRequest]:
-    constraint = json_constraint(f, served)
+    constraint = await json_constraint(f, served)
     id_slot = f.integer("id_slot", -1, -1)
     cache_prompt = f.boolean("cache_prompt", True)
     return [
