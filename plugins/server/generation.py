@@ -46,17 +46,13 @@ class ChoiceRun:
         self.finish_reason: str | None = None
         self.text = ""
         self.tokens: list[TokenEvent] = []
-        n_prompt, n_ctx = len(request.prompt), served.engine.ctx.n_ctx
         try:
             self.task = served.engine.submit(
                 request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event)
             )
         except ContextOverflowError as exc:
-            raise ApiError(
-                400,
-                f"{exc} (prompt: {n_prompt} tokens, context: {n_ctx} tokens)",
-                code="context_length_exceeded",
-            ) from None
+            # the message names both token counts
+            raise ApiError(400, str(exc), code="context_length_exceeded") from None
         except EngineBusyError as exc:
             raise ApiError(503, str(exc)) from None
         except TesseraError as exc:
