@@ -14,9 +14,11 @@ shared, so compare ratios within one run):
   converted to the backend's form at every use;
 - ``cpu-moe, cache X%``: ``--moe-cache-mib`` set to X% of all offloaded experts' bytes.
 
-tg128: greedy decode of 128 tokens after a 32-token prompt of Python documentation text
-(real text, so a trained router shows its token-to-token locality); pp512: one 512-token
-prompt. Hit rates are the cache's counters over the timed part of the last round.
+tg128: 128 decode steps of one token each after a 32-token prompt, the tokens being the
+next 128 of a Python documentation text (real text, so a trained router shows its
+token-to-token locality; a random model's greedy output would repeat one token); pp512:
+one 512-token prompt of the same text. Hit rates are the cache's counters over the timed
+part of the last round.
 """
 
 from __future__ import annotations
@@ -69,17 +71,19 @@ def counters(model) -> tuple[int, int]:
     return s["hits"], s["misses"]
 
 
-def run_tg(model, prompt: list[int], n_gen: int) -> tuple[float, tuple[int, int]]:
-    ctx = Context(model, ContextParams(n_ctx=len(prompt) + n_gen + 1))
-    logits = ctx.decode(Batch.for_sequence(prompt))
+def run_tg(model, prompt: list[int], text: list[int]) -> tuple[float, tuple[int, int]]:
+    """Decode ``text`` one token per step after ``prompt``: the work of generating it, with
+    the routing of natural text (a random-weight model's own greedy output collapses into
+    one repeated token, whose routing never changes)."""
+    ctx = Context(model, ContextParams(n_ctx=len(prompt) + len(text) + 1))
+    ctx.decode(Batch.for_sequence(prompt))
     before = counters(model)
     start = time.perf_counter()
-    for i in range(n_gen):
-        token = int(np.argmax(logits[-1]))
-        logits = ctx.decode(Batch.for_sequence([token], start_pos=len(prompt) + i))
+    for i, token in enumerate(text):
+        ctx.decode(Batch.for_sequence([token], start_pos=len(prompt) + i))
     seconds = time.perf_counter() - start
     after = counters(model)
-    return n_gen / seconds, (after[0] - before[0], after[1] - before[1])
+    return len(text) / seconds, (after[0] - before[0], after[1] - before[1])
 
 
 def run_pp(model, prompt: list[int]) -> tuple[float, tuple[int, int]]:
@@ -138,7 +142,8 @@ def main() -> None:
     model = configs["resident"]
     n_ctx = min(model.n_ctx_train, args.n_prompt)
     pp_prompt = prompt_tokens(model, n_ctx)
-    tg_prompt = pp_prompt[:32]
+    text = prompt_tokens(model, 32 + args.n_gen)
+    tg_prompt, tg_text = text[:32], text[32:]
     print(
         f"model {path.name} ({model.config.arch}, {model.config.n_expert} experts, top "
         f"{model.config.n_expert_used}); backend {model.backend.name}/{model.backend.dtype}, "
@@ -151,7 +156,7 @@ def main() -> None:
         run_pp(m, pp_prompt[:64])
     for _ in range(args.repeat):
         for name, m in configs.items():
-            tg, tg_hm = run_tg(m, tg_prompt, args.n_gen)
+            tg, tg_hm = run_tg(m, tg_prompt, tg_text)
             pp, pp_hm = run_pp(m, pp_prompt)
             best[name] = [max(best[name][0], tg), max(best[name][1], pp)]
             hits[name] = [tg_hm, pp_hm]

@@ -1,7 +1,7 @@
 """Tensor parallel on one machine: 1 rank vs 2 ranks (gloo) vs 2 ranks (pairwise).
 
     .venv/bin/python bench/tensor_parallel.py [--pp 512] [--tg 128] [--qtype f16]
-        [--configs 1x1,1x2,2:torch-distributed,2:pairwise] [--model FILE]
+        [--configs 1x1,2:torch-distributed,2:pairwise,1x2] [--model FILE]
 
 Without ``--model`` it writes a random-weight model with Qwen2-0.5B's dims (n_embd 896,
 24 layers, 14 query / 2 KV heads, FFN 4864; the vocabulary is the test vocabulary's 4096
@@ -163,10 +163,10 @@ def main() -> None:
     ap.add_argument("--qtype", default="f16", help="storage type of the generated model")
     ap.add_argument("--pp", type=int, default=512)
     ap.add_argument("--tg", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--dtype", default=None, help="compute dtype (default: the backend's)")
-    ap.add_argument("--configs", default="1x1,1x2,2:torch-distributed,2:pairwise")
+    ap.add_argument("--configs", default="1x1,2:torch-distributed,2:pairwise,1x2")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
 
@@ -199,6 +199,8 @@ def main() -> None:
         if isinstance(res, RankError):
             raise SystemExit(f"{config}: {res.type}: {res.message}")
         rows.append(summarize(config, res, args.pp, args.tg))
+        r = rows[-1]  # printed at once: a long run keeps what it measured
+        print(f"{config}: pp {r['pp_tps']:.1f} t/s, tg {r['tg_tps']:.2f} t/s", flush=True)
     print(f"model {path}, pp{args.pp} tg{args.tg}, best of {args.reps}")
     print("| config | pp t/s | tg t/s | collectives/token (tg) | bytes/token (tg) | "
           "comm ms/token (tg) | comm ms (pp) |")  # fmt: skip

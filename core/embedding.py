@@ -117,6 +117,7 @@ class Embedder:
         )
         self.ctx = Context(model, params)
         self._lock = threading.Lock()
+        self._width: int | None = None
         default_act = str(getattr(config, "classifier_activation", "") or "")
         labels = tuple(getattr(config, "classifier_labels", ()) or ())
         #: Number of classifier outputs (0: no classifier head).
@@ -147,7 +148,13 @@ class Embedder:
         """Width of one embedding (rank pooling: number of classifier outputs)."""
         if self.is_reranker:
             return self.n_cls_out
-        return int(self.model.config.n_embd)
+        if self._width is None:
+            if any(n in self.model.weights for n in ("dense_2.weight", "dense_3.weight")):
+                # projections after pooling set the width: one tiny forward measures it
+                self._width = int(self._run([[0]], "mean").shape[1])
+            else:
+                self._width = int(self.model.config.n_embd)
+        return self._width
 
     # -- embedding -----------------------------------------------------------------------
 

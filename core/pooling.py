@@ -93,7 +93,8 @@ class SequenceAttention:
                 near = np.abs(self.positions[:, None] - self.positions[None, :]) < window
                 mask = self._window_masks[window] = self.mask() & near
             return backend.attention(q, k, v, len(self.seq_ids), mask, scale)
-        if self.path == "rows":
+        if self.path == "rows" and self.rows().rows.shape[0] > 1:
+            # one input needs no row lists: the dense mask is all True
             return backend.attention_rows(q, k, v, self.rows(), scale)
         return backend.attention(q, k, v, len(self.seq_ids), self.mask(), scale)
 

@@ -127,7 +127,7 @@ class TorchQ4_0Weight:
         return self._dequantize(self.raw[torch.from_numpy(np.asarray(ids, dtype=np.int64))])
 
 
-def _int4_ops(device_type: str) -> tuple[Any, Any] | None:
+def int4_ops(device_type: str) -> tuple[Any, Any] | None:
     """torch's (pack, matmul) int4 ops for a device type, or None where torch has none."""
     import torch
 
@@ -154,26 +154,41 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4
     import torch
 
     device, dtype = backend.torch_device, backend.torch_dtype
-    pack, mm = _int4_ops(device.type)
+    mm = int4_ops(device.type)[1]
     n_out, n_in = raw.shape[0], int(np.prod(raw.shape[1:]))
     rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1)
     d, q = unpack_codes(rows)
-    n_pad = -n_out % 16  # the kernels take output rows in multiples of 16
-    codes = np.pad(q.reshape(n_out, n_in), ((0, n_pad), (0, 0)), constant_values=8)
-    scales = np.pad(d.reshape(n_out, -1), ((0, n_pad), (0, 0)))
-    if device.type == "cpu":
-        packed = pack(torch.from_numpy(codes.astype(np.int32)), 2)
-    else:  # CUDA takes two codes per byte, high nibble first, and a K-tiling factor
-        pairs = torch.from_numpy((codes[:, ::2] << 4) | codes[:, 1::2]).to(device)
-        packed = pack(pairs, next(t for t in (8, 4, 2) if n_in % (16 * t) == 0))
-    zeros = np.zeros_like(scales)
-    sz = torch.from_numpy(np.stack([scales.T, zeros.T], axis=-1)).to(device=device, dtype=dtype)
+    scales = d.reshape(n_out, -1)
+    packed, sz = pack_int4(q.reshape(n_out, n_in), scales, np.zeros_like(scales), device, dtype)
     with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
         warnings.simplefilter("ignore", UserWarning)
         raw_rows = torch.from_numpy(rows)
     if min_rows is None:
         min_rows = dense_min_rows(device.type)
-    return TorchQ4_0Weight(raw_rows, packed, sz.contiguous(), n_out, mm, dtype, min_rows)
+    return TorchQ4_0Weight(raw_rows, packed, sz, n_out, mm, dtype, min_rows)
+
+
+def pack_int4(
+    codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, device: Any, dtype: Any
+) -> tuple[Any, Any]:
+    """torch's int4 groupwise layout (group 32) of codes 0..15 ``(n_out, n_in)`` with
+    per-group ``scales`` and ``zeros`` ``(n_out, n_in / 32)``: the kernel computes
+    ``(code - 8) * scale + zero``. Returns ``(packed, scales_and_zeros)``; output rows are
+    padded to a multiple of 16 (code 8, scale 0: rows of zeros)."""
+    import torch
+
+    pack = int4_ops(device.type)[0]
+    n_out, n_in = codes.shape
+    n_pad = -n_out % 16  # the kernels take output rows in multiples of 16
+    codes = np.pad(codes, ((0, n_pad), (0, 0)), constant_values=8)
+    scales, zeros = (np.pad(a, ((0, n_pad), (0, 0))) for a in (scales, zeros))
+    if device.type == "cpu":
+        packed = pack(torch.from_numpy(codes.astype(np.int32)), 2)
+    else:  # CUDA takes two codes per byte, high nibble first, and a K-tiling factor
+        pairs = torch.from_numpy((codes[:, ::2] << 4) | codes[:, 1::2]).to(device)
+        packed = pack(pairs, next(t for t in (8, 4, 2) if n_in % (16 * t) == 0))
+    sz = torch.from_numpy(np.stack([scales.T, zeros.T], axis=-1)).to(device=device, dtype=dtype)
+    return packed, sz.contiguous()
 
 
 def supports_torch(backend: Any) -> bool:
@@ -182,7 +197,7 @@ def supports_torch(backend: Any) -> bool:
         return False
     cache = backend.probe_cache
     if "Q4_0" not in cache:
-        cache["Q4_0"] = _int4_ops(backend.torch_device.type) is not None and (
+        cache["Q4_0"] = int4_ops(backend.torch_device.type) is not None and (
             kernel_matches_reference(backend, Q4_0, partial(load_torch, min_rows=math.inf))
         )
     return cache["Q4_0"]

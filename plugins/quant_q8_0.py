@@ -4,11 +4,17 @@ Block layout (34 bytes): ``d`` (float16) then 32 signed bytes ``q``; value = ``q
 ``d = max|x| / 127`` and ``q`` rounded half away from zero, as ggml's reference quantizer.
 
 The torch kernel keeps the int8 codes and per-block scales on the device (8.5 bits per
-weight instead of 16 for bf16) and dequantizes to the compute dtype inside each matmul.
+weight instead of 16 for bf16) and dequantizes to the compute dtype inside prefill
+matmuls; decode matmuls (fewer rows than ``TESSERA_Q8_0_DENSE_ROWS``, default 256) run
+torch's int4 kernel on the weight split exactly into two int4 halves, in bf16/f16 or on
+CUDA.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -21,6 +27,8 @@ TESSERA_PLUGIN_API = 1
 
 BLOCK_SIZE = 32
 TYPE_SIZE = 2 + BLOCK_SIZE
+#: On the CPU, matmuls of this many rows or more dequantize instead of using the int4 pair.
+DEFAULT_DENSE_MIN_ROWS = 256
 
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:
@@ -59,46 +67,101 @@ class TorchQ8_0Weight:
     """A Q8_0 weight on a torch backend: int8 codes ``(n_out, n_in)`` + per-block scales.
 
     Implements the torch backend's quantized-weight interface: ``shape``, ``matmul(x)``
-    and ``get_rows(ids)``.
+    and ``get_rows(ids)``. Matmuls dequantize to the compute dtype, except those of fewer
+    than ``dense_min_rows`` rows when ``int4`` holds the weight as two int4 halves (see
+    :func:`split_int4`): decode then reads about 1 byte per weight instead of the 2 of a
+    dequantized bf16 copy (plus its writing) — torch has no int8 kernel with per-block
+    scales, but its int4 kernel with group size 32 takes Q8_0's blocks exactly.
     """
 
-    def __init__(self, codes: Any, scales: Any, dtype: Any) -> None:
-        self.codes = codes  # int8 (n_out, n_blocks, 32)
-        self.scales = scales  # compute dtype (n_out, n_blocks, 1)
+    def __init__(
+        self, codes: Any, scales: Any, dtype: Any, int4: Any = None, dense_min_rows: float = 0
+    ) -> None:
+        # int8 (n_out, n_blocks, 32): on the device, or with the int4 pair a CPU view of
+        # the file's bytes (memory-mapped: no second copy in RAM) for prefill and get_rows
+        self.codes = codes
+        self.scales = scales  # compute dtype (n_out, n_blocks, 1) on the device
         self.dtype = dtype
+        self.int4 = int4  # (mm, (packed_hi, sz_hi), (packed_lo, sz_lo)) or None
+        self.dense_min_rows = dense_min_rows
         n_out, n_blocks, _ = codes.shape
         self.shape = (n_out, n_blocks * BLOCK_SIZE)
 
     def _dense(self, codes: Any, scales: Any) -> Any:
-        return (codes.to(self.dtype) * scales).flatten(-2)
+        return (codes.to(device=scales.device, dtype=self.dtype) * scales).flatten(-2)
 
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 
+        if self.int4 is not None and x.shape[0] < self.dense_min_rows:
+            mm, (hi, sz_hi), (lo, sz_lo) = self.int4
+            y = mm(x, hi, BLOCK_SIZE, sz_hi).add_(mm(x, lo, BLOCK_SIZE, sz_lo))
+            return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
         return F.linear(x, self._dense(self.codes, self.scales).to(x.dtype))
 
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch
 
-        index = torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.codes.device)
-        return self._dense(self.codes[index], self.scales[index])
+        index = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        codes = self.codes[index.to(self.codes.device)]
+        return self._dense(codes, self.scales[index.to(self.scales.device)])
 
 
-def load_torch(backend: Any, raw: Any) -> TorchQ8_0Weight:
-    """Split GGUF Q8_0 bytes into device tensors of codes and scales."""
+def split_int4(q: np.ndarray, d: np.ndarray) -> tuple[tuple[np.ndarray, ...], ...]:
+    """Q8_0 codes ``q`` (int8 ``(n_out, n_in)``) and scales ``d`` (float32 ``(n_out, n_blocks)``)
+    as two int4 groupwise weights whose sum is the Q8_0 weight, exactly.
+
+    With ``u = q + 128 = 16 h + l`` (``h``, ``l`` in 0..15), ``q d = (h - 8)(16 d) +
+    (l - 8) d + 8 d``: torch's int4 form ``(code - 8) * scale + zero`` with ``(h, 16 d, 0)``
+    and ``(l, d, 8 d)``. Returns ``((h, 16 d, 0), (l, d, 8 d))``; the factors are powers of
+    two, so the scales round to the compute dtype exactly as ``d`` does.
+    """
+    u = (q.astype(np.int16) + 128).astype(np.uint8)
+    zeros = np.zeros_like(d)
+    return (u >> np.uint8(4), 16 * d, zeros), (u & np.uint8(15), d, 8 * d)
+
+
+def dense_min_rows(backend: Any) -> float:
+    """Rows from which a matmul dequantizes instead of using the int4 pair: on the CPU only
+    in bf16/f16 (torch's CPU int4 kernel is ~30x slower in float32, so float32 always
+    dequantizes); ``TESSERA_Q8_0_DENSE_ROWS`` overrides (``0``: always dequantize)."""
+    value = os.environ.get("TESSERA_Q8_0_DENSE_ROWS", "").strip()
+    if value:
+        return float(value)
+    if backend.torch_device.type != "cpu":
+        return math.inf
+    return 0.0 if backend.dtype == "f32" else float(DEFAULT_DENSE_MIN_ROWS)
+
+
+def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8_0Weight:
+    """Split GGUF Q8_0 bytes into device tensors of codes and scales (and the int4 pair)."""
     import torch
+
+    from tessera.plugins.quant_q4_0 import int4_ops, pack_int4
 
     n_out = raw.shape[0]
     blocks = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1, TYPE_SIZE)
     d = blocks[..., :2].copy().view("<f2")  # (n_out, n_blocks, 1)
-    q = blocks[..., 2:].copy().view(np.int8)
     device, dtype = backend.torch_device, backend.torch_dtype
     scales = torch.from_numpy(d).to(device=device, dtype=dtype)
-    return TorchQ8_0Weight(torch.from_numpy(q).to(device), scales, dtype)
+    min_rows = dense_min_rows(backend) if min_rows is None else min_rows
+    ops = int4_ops(device.type)
+    if min_rows <= 0 or ops is None:
+        q = blocks[..., 2:].copy().view(np.int8)
+        return TorchQ8_0Weight(torch.from_numpy(q).to(device), scales, dtype, None, min_rows)
+    halves = split_int4(blocks[..., 2:].view(np.int8).reshape(n_out, -1), d[..., 0].astype("f4"))
+    int4 = (ops[1], *(pack_int4(c, s, z, device, dtype) for c, s, z in halves))
+    with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
+        warnings.simplefilter("ignore", UserWarning)
+        codes = torch.from_numpy(blocks)[..., 2:].view(torch.int8)
+    return TorchQ8_0Weight(codes, scales, dtype, int4, min_rows)
 
 
 def supports_torch(backend: Any) -> bool:
-    """Probe: run one tiny Q8_0 matmul on ``backend`` and compare it with numpy; cached."""
+    """Probe: run one tiny Q8_0 matmul on ``backend`` and compare it with numpy; cached.
+
+    The probe's matmul has 2 rows, so it checks the path decode takes (the int4 pair
+    where that is used); the dequantizing path is plain torch."""
     if getattr(backend, "name", "") != "torch":
         return False
     cache = backend.probe_cache
@@ -120,6 +183,6 @@ def tessera_register_weight_kernels(register):
             quant_type="Q8_0",
             supports=supports_torch,
             load=load_torch,
-            description="int8 codes + block scales, dequantized per matmul",
+            description="int8 codes + block scales; decode: exact int4-pair kernel",
         )
     )

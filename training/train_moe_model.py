@@ -11,7 +11,7 @@ routers have none) — what the expert cache benchmark needs.
 Examples::
 
     python training/train_moe_model.py --minutes 8           # -> training/out_moe/hf
-    python training/train_moe_model.py --steps 400           # fixed schedule
+    python training/train_moe_model.py --steps 948           # the shipped model's schedule
     tessera convert training/out_moe/hf core/default_model/tessera-moe.gguf --outtype q8_0
 """
 
@@ -154,6 +154,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(args.seed)
     total = args.steps or None
     t0, step, lm = time.time(), 0, torch.tensor(float("nan"))
+    recal_at: set[int] = set()
     while total is None or step < total:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total or 10**9, args)
@@ -163,9 +164,12 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if total is None and step == args.calib_steps:
-            # the wall-clock budget becomes a step count, so the cosine schedule completes
-            total = max(step + 1, int(args.minutes * 60 * 0.95 / ((time.time() - t0) / step)))
+        if not args.steps and (step == args.calib_steps or step in recal_at):
+            # The wall-clock budget becomes a step count, so the cosine schedule completes;
+            # re-estimated at ~25% and ~50% because shared cores change the rate.
+            per_step = (time.time() - t0) / step
+            total = max(step + 1, int(args.minutes * 60 * 0.95 / per_step))
+            recal_at = recal_at or {total // 4, total // 2}
         if step % args.log_every == 0:
             print(
                 f"step {step}/{total} | {(time.time() - t0) / 60:4.1f} min | "

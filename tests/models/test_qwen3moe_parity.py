@@ -26,6 +26,7 @@ from tessera.plugins.convert import convert_hf_to_gguf
 from tessera.runtime import Runtime
 from tessera.sampling import Sampler, SamplerParams
 from tessera.testing.models import make_hf_dir
+from tessera.testing.pytest_plugin import architecture_conformance
 
 MOE = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32}
 CASES = {
@@ -107,3 +108,12 @@ def test_core_op_fallback_matches_transformers(oracle, backend, monkeypatch):
 def test_routed_op_is_the_path_taken_where_supported(oracle):
     model = load(oracle.files["gguf-f32"], "numpy")
     assert ("moe_ffn", "moe_ffn", "backend supports moe_ffn") in model.backend.placements
+
+
+# The architecture conformance kit (forward, KV cache) on GGUF files made from the plugin's
+# own example_config, for both archs and on torch bf16 as well.
+test_qwen3moe_conformance = architecture_conformance("qwen3moe")
+test_qwen2moe_conformance = architecture_conformance("qwen2moe")
+test_qwen3moe_conformance_torch_bf16 = architecture_conformance(
+    "qwen3moe", backend="torch", dtype="bf16"
+)
