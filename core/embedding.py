@@ -7,13 +7,15 @@ and ``/v1/rerank`` call::
     emb = Embedder(model)                                  # a tessera.model.load_model result
     vecs = emb.embed([emb.tokenize(t) for t in texts])     # float32 (n, n_embd), L2-normalized
     vecs = emb.embed(token_lists, dims=256)                # MRL: truncate, then renormalize
+    vecs, n_tokens = emb.embed_texts(["text", [101, 102]])  # OpenAI-style inputs + usage
     scores = emb.rerank("query", ["doc one", "doc two"])   # float32 (n_docs,)
 
 - :class:`Embedder` ``(model, *, pooling=None, normalize=2, n_ctx=0, n_batch=2048,
-  n_ubatch=512, n_seq_max=64, classifier_activation=None, mrl_dims=None)`` owns its own
-  :class:`~tessera.context.Context`. ``pooling`` overrides the model's (``--pooling``);
-  ``normalize`` is llama.cpp's ``--embd-normalize``: -1 none, 0 max-abs scaled to int16,
-  1 taxicab, 2 Euclidean (default), p > 2 p-norm.
+  n_ubatch=0, n_seq_max=64, classifier_activation=None, mrl_dims=None)`` owns its own
+  :class:`~tessera.context.Context` (``n_ctx`` 0: the model's trained context, at most 4096
+  for decoders; ``n_ubatch`` 0: ``n_batch`` for encoders, 512 for decoders). ``pooling``
+  overrides the model's (``--pooling``); ``normalize`` is llama.cpp's ``--embd-normalize``:
+  -1 none, 0 max-abs scaled to int16, 1 taxicab, 2 Euclidean (default), p > 2 p-norm.
 - :meth:`Embedder.embed` packs inputs into as few forwards as ``n_batch`` / ``n_seq_max`` /
   ``n_ubatch`` allow and pools each one. ``dims`` (Matryoshka) keeps the first ``dims``
   values and normalizes again; it must be between 1 and the model's width and, where the
@@ -234,6 +236,14 @@ class Embedder:
         if dims is not None:
             vecs = vecs[:, : int(dims)]
         return normalize(vecs, self.normalize)
+
+    def embed_texts(
+        self, inputs: Sequence[str | Sequence[int]], dims: int | None = None
+    ) -> tuple[np.ndarray, int]:
+        """:meth:`embed` for OpenAI-style inputs (texts or token id lists); also returns
+        the number of tokens evaluated (``usage.prompt_tokens``)."""
+        token_lists = [self.tokenize(x) if isinstance(x, str) else list(x) for x in inputs]
+        return self.embed(token_lists, dims), sum(len(t) for t in token_lists)
 
     def token_embeddings(self, tokens: Sequence[int]) -> np.ndarray:
         """Per-token hidden states ``(len(tokens), n_embd)`` of one input (pooling none),

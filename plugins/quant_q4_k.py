@@ -17,6 +17,8 @@ so far, as the C code does.
 
 from __future__ import annotations
 
+from functools import partial
+from math import inf
 from typing import Any
 
 import numpy as np
@@ -26,13 +28,15 @@ from tessera.hookspecs import hookimpl
 from tessera.plugins.kquant_common import (
     F32,
     QK_K,
+    TorchInt4GroupedWeight,
     fp16_bytes,
+    int4_decode_rows,
     nearest_int,
     seq_sum,
-    torch_grouped_kernel,
     torch_grouped_weight,
 )
-from tessera.quant import QuantType
+from tessera.plugins.quant_q4_0 import int4_ops, pack_int4
+from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
 
 TESSERA_PLUGIN_API = 1
 
@@ -40,6 +44,9 @@ TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
 GROUP = 32
 NMAX = 15
 N_GROUPS = QK_K // GROUP
+#: ``0`` turns the CPU int4 decode path off (the weight is then dequantized once at load);
+#: another value is the row count from which matmuls dequantize per call (default 256).
+INT4_ENV = "TESSERA_Q4_K_INT4_ROWS"
 
 
 def make_qkx2_quants(
@@ -143,14 +150,44 @@ def dequantize(b: np.ndarray) -> np.ndarray:
 Q4_K = QuantType("Q4_K", int(GGMLQuantizationType.Q4_K), QK_K, TYPE_SIZE, quantize, dequantize)
 
 
-def load_torch(backend: Any, raw: Any) -> Any:
-    """4-bit codes as uint8 plus one scale and one offset per group of 32."""
+def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
+    """4-bit codes as uint8 plus one scale and one offset per group of 32; on the CPU in
+    bf16/f16 also torch's int4 layout for decode (``(q - 8) * s + (8 s - offset)`` is
+    ``s * q - offset``: the int4 kernel's form with group size 32)."""
     n_out = raw.shape[0]
     scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
     shape = (n_out, -1, 1)
-    return torch_grouped_weight(
+    grouped = torch_grouped_weight(
         backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
     )
+    if backend.torch_device.type != "cpu":
+        return grouped
+    min_rows = int4_decode_rows(backend, INT4_ENV) if min_rows is None else min_rows
+    ops = int4_ops("cpu")
+    if min_rows <= 0 or ops is None:
+        return grouped
+    scale, offset = scale.reshape(n_out, -1), offset.reshape(n_out, -1)
+    packed, sz = pack_int4(
+        codes.reshape(n_out, -1), scale, 8 * scale - offset, backend.torch_device,
+        backend.torch_dtype,
+    )  # fmt: skip
+    return TorchInt4GroupedWeight(grouped, (ops[1], packed, sz), min_rows)
+
+
+def supports_torch(backend: Any) -> bool:
+    """Probe: on the CPU only where the int4 decode path is used (elsewhere a weight
+    dequantized once at load multiplies faster than one dequantized per matmul); runs one
+    tiny matmul of that path against numpy, cached per backend."""
+    if getattr(backend, "name", "") != "torch":
+        return False
+    if backend.torch_device.type == "cpu" and (
+        int4_decode_rows(backend, INT4_ENV) <= 0 or int4_ops("cpu") is None
+    ):
+        return False
+    cache = backend.probe_cache
+    if "Q4_K" not in cache:
+        cache["Q4_K"] = kernel_matches_reference(backend, Q4_K, partial(load_torch, min_rows=inf))
+    return cache["Q4_K"]
 
 
 @hookimpl
@@ -161,7 +198,11 @@ def tessera_register_quant_types(register):
 @hookimpl
 def tessera_register_weight_kernels(register):
     register(
-        torch_grouped_kernel(
-            Q4_K, load_torch, "uint8 codes + scale/min per 32, dequantized per matmul"
+        WeightKernel(
+            backend="torch",
+            quant_type="Q4_K",
+            supports=supports_torch,
+            load=load_torch,
+            description="uint8 codes + scale/min per 32; CPU decode: torch int4 kernel",
         )
     )

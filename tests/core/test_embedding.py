@@ -150,3 +150,11 @@ def test_pooled_peak_memory_is_far_below_logits_mode(llama_gguf):
     pooled = _peak_bytes(lambda: ctx.encode(batch, "mean"))
     logits = _peak_bytes(lambda: ctx.kv.clear() or ctx.decode(batch))
     assert pooled * 3 < logits, (pooled, logits)
+
+
+def test_embed_texts_takes_texts_and_token_lists_and_counts_tokens(bert_gguf):
+    emb = Embedder(load_model(bert_gguf, RUNTIME, "numpy"))
+    ids = emb.tokenize("hello there")
+    vecs, n_tokens = emb.embed_texts(["hello there", [5, 6, 7]])
+    assert n_tokens == len(ids) + 3
+    np.testing.assert_allclose(vecs, emb.embed([ids, [5, 6, 7]]), atol=1e-6)
