@@ -104,6 +104,16 @@ class ServedModel:
     #: Per-model state of plugins (e.g. the JSON-constraint tables of its vocabulary).
     extras: dict[str, Any] = attrs.field(factory=dict)
 
+    def check_generates(self) -> None:
+        """ApiError 400 for an encoder (BERT ...), which embeds but cannot generate."""
+        if not self.model.arch.causal_attention(self.model.config):
+            raise ApiError(
+                400,
+                f"model '{self.name}' is an encoder: it embeds and reranks but cannot "
+                "generate; use /v1/embeddings or /v1/rerank, or serve a generative model",
+                "model",
+            )
+
 
 class ModelPool:
     """The models a server serves. The single-model pool answers every ``model`` name

@@ -96,6 +96,7 @@ def start_runs(
     served: ServedModel, requests: Sequence[GenerationRequest], stops: Sequence[str]
 ) -> list[ChoiceRun]:
     """Submit every request; if one is refused, cancel those already queued."""
+    served.check_generates()
     runs: list[ChoiceRun] = []
     try:
         for req in requests:
