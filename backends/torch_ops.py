@@ -58,6 +58,7 @@ class TorchBackend(Backend):
         self._rope_tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._mask_inputs: tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
+        self._fused_norm: bool | None = None  # probed on first use
 
     # -- capability probe and setup --------------------------------------------------
 
@@ -142,6 +143,16 @@ class TorchBackend(Backend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
+        if self._fused_norm is None:
+            self._fused_norm = fused_rms_norm_ok(self)
+        if self._fused_norm:  # one kernel instead of seven: decode runs two per layer
+            w = None if weight is None else weight.float()
+            return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
+        return self._rms_norm_ops(x, weight, eps)
+
+    def _rms_norm_ops(
+        self, x: torch.Tensor, weight: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:
         xf = x.float()
         y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
         if weight is not None:
@@ -364,6 +375,25 @@ class TorchBackend(Backend):
         if dsts:
             with _writable(dsts[0]):
                 torch._foreach_copy_(list(dsts), list(srcs))
+
+
+#: ``0`` turns the fused RMSNorm kernel off (the op is then composed of elementwise ops).
+FUSED_NORM_ENV = "TESSERA_TORCH_FUSED_NORM"
+
+
+def fused_rms_norm_ok(backend: TorchBackend) -> bool:
+    """Probe for ``F.rms_norm``: present in this torch, not switched off, and equal to the
+    composed ops on a small input on this device (float32 statistics either way)."""
+    if os.environ.get(FUSED_NORM_ENV, "").strip() == "0" or not hasattr(F, "rms_norm"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 96, generator=gen).to(backend.torch_device, backend.torch_dtype)
+    w = torch.rand(96, generator=gen).to(backend.torch_device, backend.torch_dtype) + 0.5
+    try:
+        got = F.rms_norm(x.float(), (96,), w.float(), 1e-6).to(x.dtype)
+    except RuntimeError:
+        return False
+    return bool(torch.allclose(got.float(), backend._rms_norm_ops(x, w, 1e-6).float(), 1e-2))
 
 
 def _span(rows: np.ndarray | None, n: int) -> tuple[int, int] | None:

@@ -17,8 +17,9 @@ shared, so compare ratios within one run):
 tg128: 128 decode steps of one token each after a 32-token prompt, the tokens being the
 next 128 of a Python documentation text (real text, so a trained router shows its
 token-to-token locality; a random model's greedy output would repeat one token); pp512:
-one 512-token prompt of the same text. Hit rates are the cache's counters over the timed
-part of the last round.
+one 512-token prompt of the same text. Each run starts with an empty cache (the tg prompt
+then fills it, untimed). Hit rates are the cache's counters over the timed part of the
+last round.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ def prompt_tokens(model, n: int) -> list[int]:
     return [int(t) for t in ids[:n]]
 
 
+def cold(model) -> None:
+    """Empty the cache: every timed run starts cold, so a run never profits from the
+    experts an earlier run of the same text left behind."""
+    if model.experts and model.experts.cache is not None:
+        model.experts.cache.clear()
+
+
 def counters(model) -> tuple[int, int]:
     cache = model.experts.cache if model.experts else None
     if cache is None:
@@ -76,6 +84,7 @@ def run_tg(model, prompt: list[int], text: list[int]) -> tuple[float, tuple[int,
     the routing of natural text (a random-weight model's own greedy output collapses into
     one repeated token, whose routing never changes)."""
     ctx = Context(model, ContextParams(n_ctx=len(prompt) + len(text) + 1))
+    cold(model)
     ctx.decode(Batch.for_sequence(prompt))
     before = counters(model)
     start = time.perf_counter()
@@ -88,6 +97,7 @@ def run_tg(model, prompt: list[int], text: list[int]) -> tuple[float, tuple[int,
 
 def run_pp(model, prompt: list[int]) -> tuple[float, tuple[int, int]]:
     ctx = Context(model, ContextParams(n_ctx=len(prompt), n_ubatch=len(prompt)))
+    cold(model)
     before = counters(model)
     start = time.perf_counter()
     ctx.decode(Batch.for_sequence(prompt))

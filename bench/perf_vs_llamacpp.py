@@ -43,14 +43,27 @@ QUOTED_LLAMA_CPP = {
 
 
 class TesseraEngine:
-    def __init__(self, path: Path, runtime: Any, threads: int, n_ctx: int) -> None:
+    """tessera's torch backend; ``env`` (switches, read when weights load) makes a variant."""
+
+    def __init__(
+        self, path: Path, runtime: Any, threads: int, n_ctx: int, label: str = "", env=None
+    ) -> None:
         from tessera.context import Context, ContextParams
         from tessera.model import load_model
 
-        self.model = load_model(path, runtime, "torch")
+        saved = {k: os.environ.get(k) for k in env or {}}
+        os.environ.update(env or {})
+        try:
+            self.model = load_model(path, runtime, "torch")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    del os.environ[k]
+                else:
+                    os.environ[k] = v
         self.model.backend.set_threads(threads)
         self.ctx = Context(self.model, ContextParams(n_ctx=n_ctx, n_batch=512, n_ubatch=512))
-        self.name = f"tessera {self.model.backend.dtype}"
+        self.name = f"tessera {self.model.backend.dtype}" + (f" {label}" if label else "")
         self.rng = np.random.default_rng(0)
 
     def run(self, n_prompt: int, n_gen: int) -> float:
@@ -120,6 +133,18 @@ class LlamaCppPythonEngine:
         for t in tokens[:n_gen].tolist():
             self.llm.eval([t])
         return time.perf_counter() - start
+
+
+def variants(specs: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """``LABEL:VAR=VALUE,VAR=VALUE`` specs as ``(label, env)``."""
+    out = []
+    for spec in specs:
+        label, _, assignments = spec.partition(":")
+        pairs = [a.partition("=") for a in assignments.split(",") if a]
+        if not label or not pairs or any(not eq for _, eq, _ in pairs):
+            raise SystemExit(f"--tessera-env wants LABEL:VAR=VALUE[,VAR=VALUE], got '{spec}'")
+        out.append((label, {k: v for k, _, v in pairs}))
+    return out
 
 
 def llama_engine(args: argparse.Namespace, path: Path) -> Any:
@@ -213,6 +238,12 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
     parser.add_argument("--work", default="/tmp/tessera-perf", help="folder for model files")
     parser.add_argument("-o", "--output", default=None, help="also write results as JSON here")
+    parser.add_argument(
+        "--tessera-env",
+        action="append",
+        default=[],
+        help="an extra tessera variant, LABEL:VAR=VALUE[,VAR=VALUE] (e.g. a switch turned off)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -230,6 +261,8 @@ def main() -> None:
             path = perf_models.model_file(Path(args.work), runtime, model, qtype, args.vocab)
             print(f"\n{model} {qtype}: {path}", flush=True)
             engines = [TesseraEngine(path, runtime, args.threads, n_ctx)]
+            for label, env in variants(args.tessera_env):
+                engines.append(TesseraEngine(path, runtime, args.threads, n_ctx, label, env))
             llama = llama_engine(args, path)
             engines += [llama] if llama else []
             if i == 0 and not args.no_hf:  # HF runs no GGUF types: once per model

@@ -83,6 +83,9 @@ class SpecDecoder(ABC):
     #: True when the drafter needs the target's hidden state (and so logits) for every
     #: prompt row, not only the last (MTP heads read ``h_i`` of each position).
     needs_all_prompt_outputs: bool = False
+    #: True when drafting costs next to nothing (a lookup): the loop then always asks for
+    #: ``--draft-max`` tokens, since only the adaptive length's savings are in drafting.
+    cheap_drafts: bool = False
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:  # noqa: B027
         """A new generation starts: ``prompt`` is in the target's cache for ``seq_id``."""

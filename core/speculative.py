@@ -172,6 +172,7 @@ def generate_speculative(
     history = list(prompt)
     budget = ctx.n_ctx - len(prompt) if n_predict < 0 else min(n_predict, ctx.n_ctx - len(prompt))
     adaptive = params.adaptive and os.environ.get(ADAPTIVE_ENV, "1") not in ("0", "")
+    adaptive = adaptive and not decoder.cheap_drafts
     length = DraftLength(min(params.draft_max, ctx.params.n_batch - 1), adaptive)
     t0 = time.perf_counter()
     decoder.begin(prompt, seq_id)

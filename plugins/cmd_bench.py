@@ -220,6 +220,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     printer = Printer(args.output)
     for model in _models(args, runtime):
         bench_model(model, args, printer)
+        del model  # let the next shape model replace this one, not sit beside it
     printer.close()
     return 0
 

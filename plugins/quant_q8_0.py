@@ -5,7 +5,7 @@ Block layout (34 bytes): ``d`` (float16) then 32 signed bytes ``q``; value = ``q
 
 The torch kernel keeps the int8 codes and per-block scales on the device (8.5 bits per
 weight instead of 16 for bf16) and dequantizes to the compute dtype inside prefill
-matmuls; decode matmuls (fewer rows than ``TESSERA_Q8_0_DENSE_ROWS``, default 256) run
+matmuls; decode matmuls (fewer rows than ``TESSERA_Q8_0_DENSE_ROWS``, default 8) run
 torch's int4 kernel on the weight split exactly into two int4 halves, in bf16/f16 or on
 CUDA.
 """
@@ -27,8 +27,9 @@ TESSERA_PLUGIN_API = 1
 
 BLOCK_SIZE = 32
 TYPE_SIZE = 2 + BLOCK_SIZE
-#: On the CPU, matmuls of this many rows or more dequantize instead of using the int4 pair.
-DEFAULT_DENSE_MIN_ROWS = 256
+#: On the CPU, matmuls of this many rows or more dequantize instead of using the int4 pair
+#: (two int4 calls: the crossover with one dequantized bf16 matmul comes early, ~8 rows).
+DEFAULT_DENSE_MIN_ROWS = 8
 
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:

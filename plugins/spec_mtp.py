@@ -126,7 +126,8 @@ class MTPDecoder(SpecDecoder):
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:
         self.kv.clear()
-        h = self._drain()
+        # The prompt's rows came last; earlier ones are from decodes without this drafter.
+        h = self._drain()[-len(prompt) :]
         self.h[: len(h)] = h
         self.n_done = 1
 

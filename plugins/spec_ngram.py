@@ -49,6 +49,8 @@ def ngram_candidates(
 class NgramDecoder(SpecDecoder):
     """Proposes the continuation of the latest matching n-gram of the history."""
 
+    cheap_drafts = True
+
     def draft(self, history: Sequence[int], n_max: int) -> Draft:
         cands = ngram_candidates(history, n_max, 1)
         return Draft(cands[0] if cands else ())

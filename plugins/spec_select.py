@@ -1,19 +1,20 @@
 """``--spec-type select``: several cheap candidate drafts, the draft transformer picks one.
 
-In the spirit of llama.cpp's LiliCorr: proposers make candidate continuations, the small
-draft model scores them, and only the best goes to the target. Candidates:
+In the spirit of llama.cpp's LiliCorr: cheap proposers make block drafts, the small draft
+transformer scores them, and only the best goes to the target. Candidates:
 
-- the draft model's own greedy chain (``-md``; see :mod:`tessera.plugins.spec_draft`);
-- its top-k branch: the draft's second choice for the first token, continued by history
+- the draft model's top-:data:`TOP_K` next tokens (``-md``), each continued by history
   lookup;
 - up to :data:`N_NGRAM` distinct n-gram continuations of the history;
 - the target's MTP chain when the target has nextn layers.
 
-Scoring runs every candidate other than the greedy chain (whose probabilities are known)
-through the draft model in one batch, one sequence per candidate, each sharing the
-history's cells with ``seq_cp`` (no tensor is copied). A candidate's score is the
-expected number of tokens the target accepts if the draft's probabilities were the
-target's: ``sum_j prod_{i<=j} q(c_i)``. The candidates' cells are removed afterwards.
+The draft model runs twice per step, never token by token: once to bring its cache to the
+history (its next-token distribution), once to score every candidate in one batch, one
+sequence per candidate, each sharing the history's cells with ``seq_cp`` (no tensor is
+copied). A candidate's score is the expected number of tokens the target accepts if the
+draft's probabilities were the target's: ``sum_j prod_{i<=j} q(c_i)``; the winner is cut
+where the draft's odds of reaching further fall under ``--draft-p-min``. The candidates'
+cells are removed afterwards.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ TESSERA_PLUGIN_API = 1
 
 #: n-gram continuations offered per step.
 N_NGRAM = 3
+#: The draft model's most likely next tokens offered as candidate starts.
+TOP_K = 2
 
 
 def expected_accepted(probs: Sequence[float]) -> float:
@@ -43,7 +46,9 @@ class SelectDecoder(SpecDecoder):
     def __init__(self, ctx: Any, params: SpecParams, runtime: Any) -> None:
         from tessera.plugins.spec_draft import DraftModelDecoder
 
-        self.drafter = DraftModelDecoder(ctx, params, runtime, n_seq_max=N_NGRAM + 3)
+        self.drafter = DraftModelDecoder(ctx, params, runtime, n_seq_max=N_NGRAM + TOP_K + 2)
+        self.p_min = params.p_min
+        self._chain_probs: list[list[float]] = []
         self.mtp = None
         if getattr(ctx.model.config, "n_nextn", 0):
             from tessera.plugins.spec_mtp import MTPDecoder
@@ -59,28 +64,40 @@ class SelectDecoder(SpecDecoder):
             self.mtp.begin(prompt, seq_id)
 
     def candidates(self, history: Sequence[int], n_max: int) -> list[tuple[str, tuple[int, ...]]]:
+        """Block drafts from the cheap proposers (no sequential draft-model steps)."""
         from tessera.plugins.spec_ngram import ngram_candidates
 
         out: list[tuple[str, tuple[int, ...]]] = []
         first = self.drafter.first_probs
-        if first is not None and n_max > 0:
-            alt = int(np.argsort(-first)[1])
-            cont = ngram_candidates([*history, alt], n_max - 1, 1)
-            out.append(("draft-top2", (alt, *(cont[0] if cont else ()))))
+        for rank, tok in enumerate(np.argsort(-first)[:TOP_K]):
+            # the draft's top-k next tokens, each continued by history lookup
+            cont = ngram_candidates([*history, int(tok)], n_max - 1, 1)
+            out.append((f"draft-top{rank + 1}", (int(tok), *(cont[0] if cont else ()))))
         out += [("ngram", c) for c in ngram_candidates(history, n_max, N_NGRAM)]
         if self.mtp is not None:
             out.append(("mtp", self.mtp.draft(history, n_max).tokens))
         return out
 
     def draft(self, history: Sequence[int], n_max: int) -> Draft:
-        greedy, greedy_probs = self.drafter.draft_with_probs(history, n_max)
-        best, best_score = ("draft", greedy.tokens), expected_accepted(greedy_probs)
-        cands = [(k, c) for k, c in self.candidates(history, n_max) if c and c != greedy.tokens]
-        for (kind, cand), score in zip(cands, self._score(history, cands), strict=True):
-            if score > best_score:
-                best, best_score = (kind, cand), score
-        self.wins[best[0]] = self.wins.get(best[0], 0) + 1
-        return Draft(best[1])
+        from tessera.plugins.spec_draft import softmax
+
+        if n_max <= 0:
+            return Draft(())
+        self.drafter.first_probs = softmax(self.drafter.evaluate_history(history))
+        cands: list[tuple[str, tuple[int, ...]]] = []
+        for kind, cand in self.candidates(history, n_max):
+            if cand and cand[:n_max] not in [c for _, c in cands]:
+                cands.append((kind, cand[:n_max]))
+        scores = self._score(history, cands)
+        best = int(np.argmax(scores))
+        kind, cand = cands[best]
+        self.wins[kind] = self.wins.get(kind, 0) + 1
+        # cut the chain where the draft model's odds of reaching further fall under p_min
+        probs = self._chain_probs[best]
+        keep = len(cand)
+        while keep > 1 and float(np.prod(probs[:keep])) < self.p_min:
+            keep -= 1
+        return Draft(cand[:keep])
 
     def _score(self, history: Sequence[int], cands: list[tuple[str, tuple[int, ...]]]) -> list:
         """Expected accepted length of each candidate under the draft model (one batch)."""
@@ -100,11 +117,13 @@ class SelectDecoder(SpecDecoder):
         for s in range(1, len(cands) + 1):
             kv.seq_rm(s, 0)
         scores, at = [], 0
+        self._chain_probs = []
         for _, cand in cands:
             probs = [float(self.drafter.first_probs[cand[0]])]
             for j, t in enumerate(cand[1:]):
                 probs.append(float(softmax(logits[at + j])[t]))
             at += len(cand) - 1
+            self._chain_probs.append(probs)
             scores.append(expected_accepted(probs))
         return scores
 

@@ -120,7 +120,9 @@ def main() -> None:
             logits = model(input_ids=x, use_cache=False).logits.float()
         ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         kd = F.kl_div(
-            F.log_softmax(logits, -1), F.log_softmax(t_logits, -1), log_target=True,
+            F.log_softmax(logits, -1),
+            F.log_softmax(t_logits, -1),
+            log_target=True,
             reduction="batchmean",
         ) / x.size(1)
         loss = (1 - args.kd_weight) * ce + args.kd_weight * kd
@@ -139,7 +141,7 @@ def main() -> None:
     with torch.no_grad():
         chunk = val_ids[: (len(val_ids) - 1) // args.seq_len * args.seq_len + 1]
         xs = chunk[:-1].reshape(-1, args.seq_len)
-        agree = (model(input_ids=xs).logits.argmax(-1) == teacher(input_ids=xs).logits.argmax(-1))
+        agree = model(input_ids=xs).logits.argmax(-1) == teacher(input_ids=xs).logits.argmax(-1)
         val_agree = agree.float().mean().item()
     print(f"validation top-1 agreement with the default model: {val_agree:.3f}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -157,8 +159,16 @@ def main() -> None:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     tessera = REPO / ".venv" / "bin" / "tessera"
     subprocess.run(
-        [str(tessera), "convert", str(args.out), str(args.gguf), "--outtype", "f16",
-         "--name", "tessera-default-draft"],
+        [
+            str(tessera),
+            "convert",
+            str(args.out),
+            str(args.gguf),
+            "--outtype",
+            "f16",
+            "--name",
+            "tessera-default-draft",
+        ],
         check=True,
     )
     print(f"wrote {args.gguf} ({args.gguf.stat().st_size / 2**20:.2f} MiB)", flush=True)

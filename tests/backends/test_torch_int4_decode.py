@@ -1,4 +1,5 @@
-"""Q8_0 decode on torch as two int4 halves: exact split, switch, and both paths vs numpy."""
+"""Decode matmuls on the torch int4 kernel: Q8_0 as two int4 halves (exact split) and Q4_K
+(scale and min per 32 as int4 scale and zero); switches, and every path vs numpy."""
 
 from __future__ import annotations
 
@@ -79,3 +80,48 @@ def test_f32_on_cpu_dequantizes_by_default(monkeypatch):
     monkeypatch.delenv("TESSERA_Q8_0_DENSE_ROWS", raising=False)
     raw, _ = q8_0_weight()
     assert backend("f32").load_weight(raw, Q8_0).int4 is None
+
+
+Q4_K = RUNTIME.quant_type_by_name("Q4_K")
+
+
+def q4_k_weight(n_out=24, n_in=512, seed=5):
+    values = np.random.default_rng(seed).standard_normal((n_out, n_in)).astype(np.float32)
+    data = Q4_K.quantize_tensor(values)
+    return RawTensor("w", Q4_K.ggml_type, (n_out, n_in), data), Q4_K.dequantize_tensor(
+        data, (n_out, n_in)
+    )
+
+
+def test_q4_k_int4_path_matches_numpy_in_f32_when_forced(monkeypatch):
+    monkeypatch.setenv("TESSERA_Q4_K_INT4_ROWS", "inf")
+    raw, dense = q4_k_weight()
+    b = backend("f32")
+    w = b.load_weight(raw, Q4_K)
+    assert b.placements[0][1] == "kernel Q4_K" and w.dense_min_rows == np.inf
+    x = np.random.default_rng(6).standard_normal((3, raw.shape[1])).astype(np.float32)
+    want = x @ dense.T
+    got = b.to_numpy(b.matmul(b.from_numpy(x), w))
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    np.testing.assert_allclose(b.to_numpy(b.get_rows(w, np.array([3, 0]))), dense[[3, 0]])
+
+
+def test_q4_k_bf16_decode_and_prefill_paths_and_the_off_switch(monkeypatch):
+    monkeypatch.delenv("TESSERA_Q4_K_INT4_ROWS", raising=False)
+    raw, dense = q4_k_weight()
+    b = backend("bf16")
+    w = b.load_weight(raw, Q4_K)
+    assert b.placements[0][1] == "kernel Q4_K" and w.dense_min_rows == 256
+    x = np.random.default_rng(7).standard_normal((300, raw.shape[1])).astype(np.float32)
+    for rows in (1, 300):  # int4 kernel / per-matmul dequantization
+        want = x[:rows] @ dense.T
+        got = b.to_numpy(b.matmul(b.from_numpy(x[:rows]), w))
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    monkeypatch.setenv("TESSERA_Q4_K_INT4_ROWS", "0")
+    off = backend("bf16")
+    off.load_weight(raw, Q4_K)
+    assert off.placements[0][1] == "dequantize Q4_K->bf16"
+    f32 = backend("f32")
+    monkeypatch.delenv("TESSERA_Q4_K_INT4_ROWS")
+    f32.load_weight(raw, Q4_K)  # float32 on the CPU: dequantized once at load too
+    assert f32.placements[0][1] == "dequantize Q4_K->f32"

@@ -96,7 +96,7 @@ def test_select_scores_candidates_with_the_draft_model(target, runtime):
     history = [3, 4, 5, 6, 7, 3, 4, 5]
     decoder.begin(history, 0)
     draft = decoder.draft(history, 4)
-    assert len(draft) == 4 and sum(decoder.wins.values()) == 1
+    assert 1 <= len(draft) <= 4 and sum(decoder.wins.values()) == 1
     cands = [("ngram", (6, 7, 3, 4)), ("other", (9, 1, 2))]
     scores = decoder._score(history, cands)
     seqs = decoder.drafter.ctx.kv.seqs

@@ -94,3 +94,26 @@ def test_first_draft_logits_match_a_numpy_oracle(mtp_file, runtime):
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
     decoder.close()
     assert model.graph.hidden_sink is None  # close() stops collecting hidden states
+
+
+def test_plain_decodes_between_speculative_runs_do_not_confuse_the_head(mtp_file, runtime):
+    """The target collects hidden states for the head on every forward; plain generations
+    with the same model in between (a server mixing requests) must not shift them."""
+    from tessera.engine import generate
+    from tessera.sampling import Sampler, SamplerParams
+    from tessera.speculative import generate_speculative
+
+    model = load_model(mtp_file, runtime, "numpy")
+    ctx = Context(model, ContextParams(n_ctx=64))
+    params = SpecParams(draft_max=3, p_min=0.0)
+    decoder = create_decoder(runtime, "mtp", ctx, params)
+    greedy = SamplerParams(temperature=0.0)
+    for prompt in ([4, 8, 15, 16], [23, 42, 4, 8, 15, 16, 23]):
+        want = list(generate(ctx, prompt, 12, Sampler(greedy)))
+        got = generate_speculative(ctx, prompt, 12, Sampler(greedy), decoder, params)
+        assert list(got) == want
+        h = decoder.h[: len(prompt)].copy()
+        ctx.kv.clear()
+        model.graph.hidden_sink = []
+        ctx.decode(Batch.for_sequence(prompt, 0, 0, "all"))
+        np.testing.assert_allclose(h, model.backend.to_numpy(model.graph.hidden_sink[0]))
