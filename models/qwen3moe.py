@@ -32,6 +32,7 @@ from tessera.experts import (
 )
 from tessera.hookspecs import hookimpl
 from tessera.models.llama import LlamaArchitecture, LlamaConfig, LlamaGraph
+from tessera.models.qwen3moe_hf import HF_SHARED_NAMES, Subset, stacked_experts
 
 TESSERA_PLUGIN_API = 1
 
@@ -40,15 +41,6 @@ BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2"}
 #: HF ``model_type`` -> GGUF arch name.
 HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-_SHARED = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-_HF_EXPERT = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}
-_HF_SHARED = {
-    "mlp.gate.weight": "ffn_gate_inp.weight",
-    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
-    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
-    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
-    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
-}
 
 
 @attrs.frozen(kw_only=True)
@@ -178,16 +170,16 @@ class MoEArchitecture(LlamaArchitecture):
             layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
             if not hf_name.startswith("model.layers.") or not rest.startswith("mlp."):
                 dense[hf_name] = hf_name
-            elif rest in _HF_SHARED:
+            elif rest in HF_SHARED_NAMES:
                 value = np.asarray(hf_tensors[hf_name])
                 if rest == "mlp.shared_expert_gate.weight":
                     value = value.reshape(-1)  # (1, n_embd) in HF, a vector in GGUF
-                yield f"blk.{layer}.{_HF_SHARED[rest]}", value
+                yield f"blk.{layer}.{HF_SHARED_NAMES[rest]}", value
             else:
                 experts.setdefault(int(layer), {})[rest] = hf_name
-        yield from super().tensors_from_hf(c, _Subset(hf_tensors, dense), for_gguf)
+        yield from super().tensors_from_hf(c, Subset(hf_tensors, dense), for_gguf)
         for layer, names in sorted(experts.items()):
-            yield from _stacked_experts(c, layer, names, hf_tensors)
+            yield from stacked_experts(c, layer, names, hf_tensors)
 
     def example_config(self, **overrides: Any) -> MoEConfig:
         arch = overrides.pop("arch", "qwen3moe")
@@ -239,50 +231,6 @@ class MoEArchitecture(LlamaArchitecture):
                 }
             )
         return MoEGraph(c, weights, backend, experts)
-
-
-class _Subset(Mapping):
-    """The HF tensors named in ``names``, still read lazily."""
-
-    def __init__(self, tensors: Mapping[str, Any], names: dict[str, str]) -> None:
-        self.tensors, self.names = tensors, names
-
-    def __getitem__(self, name: str) -> Any:
-        return self.tensors[self.names[name]]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-def _stacked_experts(
-    c: MoEConfig, layer: int, names: dict[str, str], hf: Mapping[str, Any]
-) -> Iterator[tuple[str, np.ndarray]]:
-    """GGUF's stacked expert tensors from HF's per-expert or fused (transformers 5) ones."""
-    p = f"blk.{layer}."
-    if "mlp.experts.gate_up_proj" in names:  # (E, 2F, n_embd): gate rows, then up rows
-        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
-        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
-        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
-        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
-        return
-    for proj, gguf in _HF_EXPERT.items():
-        try:
-            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
-        except KeyError as exc:
-            raise ModelFileError(
-                f"layer {layer} of this {c.arch} checkpoint lacks expert tensor {exc}; "
-                "the checkpoint is incomplete"
-            ) from None
-        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])
-    unknown = [n for n in names.values() if ".experts." not in n]
-    if unknown:
-        raise ModelFileError(
-            f"unexpected tensor '{unknown[0]}' in a {c.arch} checkpoint; the {c.arch} "
-            "architecture plugin does not know where it goes"
-        )
 
 
 class MoEGraph(LlamaGraph):

@@ -330,3 +330,21 @@ def test_spec_params_validate():
         SpecParams(draft_max=2, draft_min=3)
     with pytest.raises(TesseraError, match="p_min"):
         SpecParams(p_min=1.5)
+
+
+def test_cheap_drafters_keep_the_full_draft_length(model):
+    """A lookup drafter (cheap_drafts) is always asked for --draft-max tokens: shrinking
+    would only save drafting work, which costs it nothing."""
+    ctx = Context(model, ContextParams(n_ctx=64))
+    prompt = prompts(model.n_vocab, 1, seed=6)[0]
+    want = plain_tokens(ctx, prompt, 20)
+    drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))
+    drafter.cheap_drafts = True
+    stats = SpecStats()
+    got = list(
+        generate_speculative(
+            ctx, prompt, 20, Sampler(GREEDY), drafter, SpecParams(draft_max=4), stats=stats
+        )
+    )
+    assert got == want
+    assert stats.n_drafted >= 4 * (stats.n_verify - 1)

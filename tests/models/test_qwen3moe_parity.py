@@ -117,3 +117,31 @@ test_qwen2moe_conformance = architecture_conformance("qwen2moe")
 test_qwen3moe_conformance_torch_bf16 = architecture_conformance(
     "qwen3moe", backend="torch", dtype="bf16"
 )
+
+
+def test_fused_transformers5_expert_tensors_stack_like_per_expert_ones():
+    from tessera.models.qwen3moe_hf import stacked_experts
+
+    config = RUNTIME.architecture("qwen3moe").example_config(n_expert=4, n_ff_exp=8, n_embd=16)
+    rng = np.random.default_rng(0)
+    per = {
+        f"mlp.experts.{e}.{p}.weight": rng.standard_normal(s).astype(np.float32)
+        for e in range(4)
+        for p, s in (("gate_proj", (8, 16)), ("up_proj", (8, 16)), ("down_proj", (16, 8)))
+    }
+
+    def stack(*projs):
+        return np.stack(
+            [np.concatenate([per[f"mlp.experts.{e}.{p}.weight"] for p in projs]) for e in range(4)]
+        )
+
+    fused = {
+        "mlp.experts.gate_up_proj": stack("gate_proj", "up_proj"),
+        "mlp.experts.down_proj": stack("down_proj"),
+    }
+    want = dict(stacked_experts(config, 0, {n: n for n in per}, per))
+    got = dict(stacked_experts(config, 0, {n: n for n in fused}, fused))
+    assert list(got) == ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+                         "blk.0.ffn_down_exps.weight"]  # fmt: skip
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)

@@ -1,0 +1,73 @@
+"""Hugging Face checkpoint names of the MoE architectures, mapped to GGUF's layout.
+
+HF stores experts one by one (``mlp.experts.E.{gate,up,down}_proj.weight``) or, since
+transformers 5, fused per layer (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``);
+GGUF stacks them per layer (``blk.N.ffn_{gate,up,down}_exps.weight``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from tessera.errors import ModelFileError
+
+HF_EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
+HF_SHARED_NAMES = {
+    "mlp.gate.weight": "ffn_gate_inp.weight",
+    "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+    "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+}
+
+
+class Subset(Mapping):
+    """The HF tensors named in ``names``, still read lazily."""
+
+    def __init__(self, tensors: Mapping[str, Any], names: dict[str, str]) -> None:
+        self.tensors, self.names = tensors, names
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[self.names[name]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def stacked_experts(
+    c: Any, layer: int, names: dict[str, str], hf: Mapping[str, Any]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """GGUF's stacked expert tensors of ``layer`` (config ``c``: n_expert, n_ff_exp, arch)
+    from HF's per-expert or fused (transformers 5) tensors named in ``names``."""
+    p = f"blk.{layer}."
+    if "mlp.experts.gate_up_proj" in names:  # (E, 2F, n_embd): gate rows, then up rows
+        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
+        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
+        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
+        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
+        return
+    for proj, gguf in HF_EXPERT_NAMES.items():
+        try:
+            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
+        except KeyError as exc:
+            raise ModelFileError(
+                f"layer {layer} of this {c.arch} checkpoint lacks expert tensor {exc}; "
+                "the checkpoint is incomplete"
+            ) from None
+        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])
+    unknown = [n for n in names.values() if ".experts." not in n]
+    if unknown:
+        raise ModelFileError(
+            f"unexpected tensor '{unknown[0]}' in a {c.arch} checkpoint; the {c.arch} "
+            "architecture plugin does not know where it goes"
+        )
