@@ -103,6 +103,13 @@ async def metrics(request: Request) -> Any:
         values["spec_accepted_total"] = (m.n_draft_accepted, "Drafted tokens kept.", "counter")
         rate = m.n_draft_accepted / m.n_drafted if m.n_drafted else 0.0
         values["spec_acceptance_ratio"] = (rate, "Share of drafted tokens kept.", "gauge")
+    cache = getattr(getattr(served.model, "experts", None), "cache", None)
+    if cache is not None:  # the MoE expert cache (--moe-cache-mib)
+        stats = cache.stats()
+        for key in ("hits", "misses", "evictions", "bytes_moved"):
+            values[f"moe_cache_{key}_total"] = (stats[key], f"Expert cache {key}.", "counter")
+        values["moe_cache_bytes_used"] = (stats["bytes_used"], "Expert cache bytes.", "gauge")
+        values["moe_cache_hit_ratio"] = (stats["hit_rate"], "Expert cache hit rate.", "gauge")
     for source in state.metric_sources:
         values.update(source())
     lines: list[str] = []

@@ -222,3 +222,22 @@ def test_speculative_serving_gives_the_plain_tokens_and_counts_drafts(server):
         assert _metric(spec, "spec_drafted_total") > 0
         assert _metric(spec, "spec_accepted_total") > 0
         assert _metric(spec, "n_decode_total") < r.usage.completion_tokens
+
+
+def test_the_moe_expert_cache_counters_are_in_metrics():
+    from openai import OpenAI
+
+    from tessera.model import default_model_path
+    from tessera.testing.server import live_server
+
+    moe = default_model_path().parent / "tessera-moe.gguf"
+    argv = ["-m", str(moe), "--backend", "numpy", "-np", "1", "-c", "256"]
+    argv += ["--cpu-moe", "--moe-cache-mib", "64"]
+    with live_server(argv) as srv:
+        OpenAI(base_url=srv.v1, api_key="x").completions.create(
+            model="m", prompt="Once upon a time", max_tokens=8, temperature=0
+        )
+        hits, misses = _metric(srv, "moe_cache_hits_total"), _metric(srv, "moe_cache_misses_total")
+        stats = srv.model.model.experts.cache.stats()
+    assert misses > 0 and hits > 0  # 8 tokens through the same layers: experts come back
+    assert (hits, misses) == (stats["hits"], stats["misses"])
