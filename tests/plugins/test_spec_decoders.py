@@ -62,6 +62,12 @@ def test_draft_model_drafts_the_target_greedy_chain(target, runtime):
     assert decoder.draft([*prompt, want[0]], 3).tokens == tuple(want[1:4])
     with pytest.raises(TesseraError, match="p_min"):
         SpecParams(p_min=-0.1)
+    # --spec-draft-n-ubatch sets the draft context's ubatch on its own
+    small = create_decoder(
+        runtime, "draft", ctx, SpecParams(model_draft=str(target), n_ubatch_draft=3, p_min=0.0)
+    )
+    assert small.ctx.n_ubatch == 3 and ctx.n_ubatch != 3
+    assert small.draft([*prompt, want[0]], 2).tokens == tuple(want[1:3])
 
 
 def test_draft_refuses_another_vocabulary(target, runtime, tmp_path):
