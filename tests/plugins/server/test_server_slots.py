@@ -208,14 +208,16 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_cleanly(tmp_path):
         proc.wait()
 
 
-def test_speculative_serving_gives_the_plain_tokens_and_counts_drafts(server):
+@pytest.mark.parametrize("spec_type", ["ngram", "draft"])
+def test_speculative_serving_gives_the_plain_tokens_and_counts_drafts(server, spec_type):
     from openai import OpenAI
 
     from tessera.testing.server import live_server
 
     kw = dict(model="m", prompt="def main():", max_tokens=24, temperature=0)
     plain = OpenAI(base_url=server.v1, api_key="x").completions.create(**kw)
-    argv = ["--backend", "numpy", "-np", "2", "-c", "512", "--spec-type", "ngram"]
+    argv = ["--backend", "numpy", "-np", "2", "-c", "512", "--spec-type", spec_type]
+    argv += ["--draft-p-min", "0.3"]
     with live_server(argv) as spec:
         r = OpenAI(base_url=spec.v1, api_key="x").completions.create(**kw)
         assert r.choices[0].text == plain.choices[0].text
