@@ -28,7 +28,7 @@ from tessera.hookspecs import hookimpl
 from tessera.plugins.kquant_common import (
     F32,
     QK_K,
-    TorchInt4GroupedWeight,
+    TorchInt4DenseWeight,
     fp16_bytes,
     int4_decode_rows,
     nearest_int,
@@ -44,8 +44,8 @@ TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
 GROUP = 32
 NMAX = 15
 N_GROUPS = QK_K // GROUP
-#: ``0`` turns the CPU int4 decode path off (the weight is then dequantized once at load);
-#: another value is the row count from which matmuls dequantize per call (default 256).
+#: ``0`` turns the CPU int4 decode path off (the weight is then only dequantized once at
+#: load); another value is the row count from which matmuls use that dense copy (default 16).
 INT4_ENV = "TESSERA_Q4_K_INT4_ROWS"
 
 
@@ -152,8 +152,8 @@ Q4_K = QuantType("Q4_K", int(GGMLQuantizationType.Q4_K), QK_K, TYPE_SIZE, quanti
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
     """4-bit codes as uint8 plus one scale and one offset per group of 32; on the CPU in
-    bf16/f16 also torch's int4 layout for decode (``(q - 8) * s + (8 s - offset)`` is
-    ``s * q - offset``: the int4 kernel's form with group size 32)."""
+    bf16/f16 instead torch's int4 layout for decode (``(q - 8) * s + (8 s - offset)`` is
+    ``s * q - offset``: the int4 kernel's form with group size 32) next to a dense copy."""
     n_out = raw.shape[0]
     scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
     shape = (n_out, -1, 1)
@@ -166,12 +166,13 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
     ops = int4_ops("cpu")
     if min_rows <= 0 or ops is None:
         return grouped
+    dense = grouped.get_rows(np.arange(n_out))  # dequantized once, for prefill
     scale, offset = scale.reshape(n_out, -1), offset.reshape(n_out, -1)
     packed, sz = pack_int4(
         codes.reshape(n_out, -1), scale, 8 * scale - offset, backend.torch_device,
         backend.torch_dtype,
     )  # fmt: skip
-    return TorchInt4GroupedWeight(grouped, (ops[1], packed, sz), min_rows)
+    return TorchInt4DenseWeight(dense, (ops[1], packed, sz), min_rows)
 
 
 def supports_torch(backend: Any) -> bool:
@@ -203,6 +204,6 @@ def tessera_register_weight_kernels(register):
             quant_type="Q4_K",
             supports=supports_torch,
             load=load_torch,
-            description="uint8 codes + scale/min per 32; CPU decode: torch int4 kernel",
+            description="uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
         )
     )
