@@ -50,6 +50,19 @@ def prefill(ctx: Context, tokens: Sequence[int], seq_id: int = 0, start_pos: int
     return logits
 
 
+def check_prompt(ctx: Context, prompt: Sequence[int], n_past: int = 0) -> None:
+    """Refuse an empty prompt, one that leaves no room in the context, or a bad n_past."""
+    if not 0 <= n_past < max(len(prompt), 1):
+        raise TesseraError(f"n_past must be in [0, {len(prompt)}), got {n_past}")
+    if not prompt:
+        raise ContextOverflowError("the prompt is empty; give at least one token")
+    if len(prompt) >= ctx.n_ctx:
+        raise ContextOverflowError(
+            f"the prompt has {len(prompt)} tokens but the context holds {ctx.n_ctx}; raise the "
+            "context size with -c or shorten the prompt"
+        )
+
+
 def generate(
     ctx: Context,
     prompt: Sequence[int],
@@ -68,15 +81,7 @@ def generate(
     first ``n_past`` prompt tokens are already in the cache (a restored prompt cache) and
     are not evaluated again; ``on_prompt_done`` is called once the prompt is evaluated.
     """
-    if not 0 <= n_past < max(len(prompt), 1):
-        raise TesseraError(f"n_past must be in [0, {len(prompt)}), got {n_past}")
-    if not prompt:
-        raise ContextOverflowError("the prompt is empty; give at least one token")
-    if len(prompt) >= ctx.n_ctx:
-        raise ContextOverflowError(
-            f"the prompt has {len(prompt)} tokens but the context holds {ctx.n_ctx}; raise the "
-            "context size with -c or shorten the prompt"
-        )
+    check_prompt(ctx, prompt, n_past)
     stats = stats if stats is not None else GenerationStats()
     ctx.kv.seq_rm(seq_id, n_past)
     t0 = time.perf_counter()

@@ -8,8 +8,9 @@ A handler is an async Starlette endpoint. ``request.app.state.tessera`` is the
 
 from __future__ import annotations
 
+import importlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,27 @@ class ServerRoute:
     #: Reachable without the API key (``/health``, the web UI's static files).
     public: bool = False
     name: str = ""
+
+
+def lazy_routes(
+    package: str, table: Iterable[tuple[str, str, str, tuple[str, ...], bool]], prefix: str = ""
+) -> list[ServerRoute]:
+    """Routes from ``(path, module, handler, methods, public)`` rows whose handler,
+    ``package.module.handler``, is imported on its first call, so that a route plugin's
+    entry module stays light (no Starlette import for ``tessera plugins``)."""
+
+    def lazy(module: str, name: str) -> Callable[[Any], Awaitable[Any]]:
+        async def endpoint(request: Any) -> Any:
+            handler = getattr(importlib.import_module(f"{package}.{module}"), name)
+            return await handler(request)
+
+        endpoint.__name__ = name
+        return endpoint
+
+    return [
+        ServerRoute(path, lazy(module, name), methods, public, prefix + name)
+        for path, module, name, methods, public in table
+    ]
 
 
 @attrs.frozen

@@ -28,8 +28,7 @@ import numpy as np
 
 from tessera.batch import Batch
 from tessera.context import Context
-from tessera.engine import GenerationStats
-from tessera.errors import ContextOverflowError, TesseraError
+from tessera.engine import GenerationStats, check_prompt
 from tessera.sampling import Sampler
 from tessera.spec_decoder import Draft, SpecDecoder, SpecParams
 
@@ -151,15 +150,7 @@ def generate_speculative(
     """Like :func:`tessera.engine.generate` (same arguments, same tokens for greedy
     sampling, same distribution otherwise), with ``decoder`` drafting ahead."""
     params = params or SpecParams()
-    if not 0 <= n_past < max(len(prompt), 1):
-        raise TesseraError(f"n_past must be in [0, {len(prompt)}), got {n_past}")
-    if not prompt:
-        raise ContextOverflowError("the prompt is empty; give at least one token")
-    if len(prompt) >= ctx.n_ctx:
-        raise ContextOverflowError(
-            f"the prompt has {len(prompt)} tokens but the context holds {ctx.n_ctx}; raise the "
-            "context size with -c or shorten the prompt"
-        )
+    check_prompt(ctx, prompt, n_past)
     stats = stats if stats is not None else SpecStats()
     if decoder.needs_all_prompt_outputs:
         n_past = 0  # the drafter needs every prompt row's state, so evaluate them all

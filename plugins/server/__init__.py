@@ -12,18 +12,9 @@ from typing import Any
 
 from tessera.commands import Command
 from tessera.hookspecs import hookimpl
-from tessera.routes import ServerRoute
+from tessera.routes import ServerRoute, lazy_routes
 
 TESSERA_PLUGIN_API = 1
-
-
-def _lazy(module: str, name: str) -> Callable[[Any], Any]:
-    async def endpoint(request: Any) -> Any:
-        handler = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        return await handler(request)
-
-    endpoint.__name__ = name
-    return endpoint
 
 
 #: (path, module, handler, methods, public)
@@ -51,8 +42,8 @@ _ROUTES = [
 
 @hookimpl
 def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
-    for path, module, name, methods, public in _ROUTES:
-        register(ServerRoute(path, _lazy(module, name), methods, public, name))
+    for route in lazy_routes(__name__, _ROUTES):
+        register(route)
 
 
 def _add_arguments(parser: Any) -> None:

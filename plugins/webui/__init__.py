@@ -6,23 +6,12 @@ This entry module stays light: the handlers load only when a route is first call
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
-from typing import Any
 
 from tessera.hookspecs import hookimpl
-from tessera.routes import ServerRoute
+from tessera.routes import ServerRoute, lazy_routes
 
 TESSERA_PLUGIN_API = 1
-
-
-def _lazy(module: str, name: str) -> Callable[[Any], Any]:
-    async def endpoint(request: Any) -> Any:
-        handler = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        return await handler(request)
-
-    endpoint.__name__ = name
-    return endpoint
 
 
 #: (path, module, handler, methods, public): the page and its files are public (they
@@ -46,5 +35,5 @@ _ROUTES = [
 
 @hookimpl
 def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
-    for path, module, name, methods, public in _ROUTES:
-        register(ServerRoute(path, _lazy(module, name), methods, public, f"webui.{name}"))
+    for route in lazy_routes(__name__, _ROUTES, prefix="webui."):
+        register(route)
