@@ -227,9 +227,7 @@ def main() -> int:
         run_level(url, 1, 2, 4, 60, args.client)
         for n in levels:
             n_requests = max(args.requests, n)
-            rows.append(
-                run_level(url, n, n_requests, args.max_tokens, args.duration, args.client)
-            )
+            rows.append(run_level(url, n, n_requests, args.max_tokens, args.duration, args.client))
     finally:
         proc.terminate()
         proc.wait(60)
