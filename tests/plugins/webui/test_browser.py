@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import call, rows, server_argv
 
+from tessera.slot_engine import SlotEngine
 from tessera.testing.http_files import file_server
 from tessera.testing.server import live_server
 
@@ -137,7 +138,7 @@ def test_models_manager_sort_filter_load_hide_favourite(driver, ui_server, shots
     call(srv.url + "/api/models/hide", {"model": "gamma.gguf", "hidden": False})
 
 
-def test_chat_streams_the_models_answer_and_stop_ends_it(driver, ui_server, shots):
+def test_chat_streams_the_models_answer_and_stop_ends_it(driver, ui_server, shots, monkeypatch):
     from selenium.webdriver.support.ui import Select
 
     srv = ui_server
@@ -161,7 +162,18 @@ def test_chat_streams_the_models_answer_and_stop_ends_it(driver, ui_server, shot
     assert int(answer.get_attribute("data-chunks")) > 1  # arrived in pieces
     driver.save_screenshot(str(shots / "chat.png"))
 
-    # Stop: the model's engine is held after the first piece, so the click lands mid-answer
+    # Stop: gamma's engine thread is held right after its first token, so the click lands
+    # mid-answer however fast the model is
+    gate, first_token = threading.Event(), threading.Event()
+    emit_token = SlotEngine.emit_token
+
+    def emit_then_hold(engine, slot, event):
+        emit_token(engine, slot, event)
+        if engine.ctx.model.path.name == "gamma.gguf" and not first_token.is_set():
+            first_token.set()
+            gate.wait(60)
+
+    monkeypatch.setattr(SlotEngine, "emit_token", emit_then_hold)
     Select(_css(driver, "#chat-model")[0]).select_by_value("gamma.gguf")
     box = _css(driver, "#chat-max-tokens")[0]
     box.clear()
@@ -169,19 +181,15 @@ def test_chat_streams_the_models_answer_and_stop_ends_it(driver, ui_server, shot
     _css(driver, "#chat-input")[0].send_keys("Go on.")
     _click(driver, "#chat-send")
     second = ".msg.assistant:nth-of-type(4)"
-    _wait(driver, lambda d: _css(d, second) and _css(d, second)[0].get_attribute("data-chunks"),
-          timeout=60, what="the first piece")  # fmt: skip
-    engine = srv.state.pool.entry("gamma.gguf").served.engine
-    gate = threading.Event()
-    hold = threading.Thread(target=engine.call, args=(gate.wait,))
-    hold.start()
     try:
+        _wait(driver, lambda d: _css(d, second) and _css(d, second)[0].get_attribute("data-chunks"),
+              timeout=60, what="the first piece")  # fmt: skip
+        engine = srv.state.pool.entry("gamma.gguf").served.engine
         _click(driver, "#chat-stop")
         _wait(driver, lambda d: _css(d, second)[0].get_attribute("data-state") == "stopped",
               what="stopped")  # fmt: skip
     finally:
         gate.set()
-        hold.join(30)
     n_chunks = int(_css(driver, second)[0].get_attribute("data-chunks"))
     assert n_chunks < 200
     # the server saw the client go away and freed the slot before the 200 tokens
