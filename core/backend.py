@@ -258,6 +258,7 @@ class Backend(ABC):
 
         Backends that implement it answer True to ``supports("tanh")``; the default declines.
         """
+        # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement tanh")
 
     def gelu_erf(self, x: Any) -> Any:
@@ -266,6 +267,7 @@ class Backend(ABC):
         Backends that implement it answer True to ``supports("gelu_erf")``; the default
         declines, and architectures fall back to :meth:`gelu` (llama.cpp's tanh form).
         """
+        # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement gelu_erf")
 
     def linear(self, x: Any, w: Any, bias: Any) -> Any:
@@ -275,6 +277,7 @@ class Backend(ABC):
         output. Backends that implement it answer True to ``supports("linear")``; the
         default declines and architectures call the two ops.
         """
+        # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement linear")
 
     def moe_ffn(
@@ -292,6 +295,7 @@ class Backend(ABC):
         True to ``supports("moe_ffn", ...)``; the default declines and the architecture
         uses :func:`tessera.experts.moe_ffn_fallback` (core ops only).
         """
+        # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement moe_ffn")
 
     @abstractmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -137,18 +138,18 @@ class ServedModel:
             )
 
 
-class ModelPool:
+class ModelPool(ABC):
     """The models a server serves. The single-model pool answers every ``model`` name
     with its one model, as llama.cpp does; a multi-model pool routes by name and may load
     and unload models on demand."""
 
+    @abstractmethod
     async def acquire(self, name: str | None) -> ServedModel:
         """The model a request names (None: the default); ApiError 404 if none."""
-        raise NotImplementedError
 
+    @abstractmethod
     def served(self) -> list[ServedModel]:
         """The models loaded now."""
-        raise NotImplementedError
 
     def describe(self) -> list[dict[str, Any]]:
         """``/v1/models`` entries (``id``, ``object``, ``context_length`` ...)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
@@ -86,7 +87,7 @@ def call_from_object(obj: Any, argument_keys: Sequence[str]) -> ParsedCall | Non
     return obj["name"], arguments, call_id
 
 
-class ToolCallSyntax:
+class ToolCallSyntax(ABC):
     """How one template family writes tool calls; subclass it to add a family.
 
     The session finds a call's start in the content with :meth:`find_start`, collects the text
@@ -97,9 +98,9 @@ class ToolCallSyntax:
     name: ClassVar[str] = ""
     start_markers: ClassVar[tuple[str, ...]] = ()
 
+    @abstractmethod
     def matches(self, template_source: str) -> bool:
         """Whether a chat template (its Jinja source) writes tool calls this way."""
-        raise NotImplementedError
 
     def find_start(self, text: str, at_boundary: bool) -> tuple[int, int] | None:
         """(position, marker length) of the first call start in ``text``, or None.
@@ -114,17 +115,17 @@ class ToolCallSyntax:
         """How many characters at the end of ``text`` might still begin a call."""
         return partial_suffix(text, self.start_markers)
 
+    @abstractmethod
     def find_end(self, body: str) -> int | None:
         """Length of the body that belongs to the call(s), end marker included; None if open.
 
         Decide from text already in ``body`` only, so that any split of the stream gives the
         same answer; after an empty start marker the length must be above 0.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def parse(self, body: str, tool_names: Collection[str]) -> list[ParsedCall] | None:
         """The calls in a body (possibly without its end, at the end of the answer), or None."""
-        raise NotImplementedError
 
     def new_id(self) -> str:
         """A fresh tool-call id, for a call whose text carries none."""
