@@ -10,11 +10,35 @@ test-model maker use the reverse direction (config -> metadata, HF names -> GGUF
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 import attrs
 import numpy as np
+
+from tessera.errors import ModelFileError
+
+
+def metadata_key(metadata: Mapping[str, Any], arch: str, name: str, default: Any = None) -> Any:
+    """GGUF key ``{arch}.{name}``, else ``default``; a required key (no default) that is
+    missing is one clear error, not a KeyError deep in a config."""
+    value = metadata.get(f"{arch}.{name}", default)
+    if value is None:
+        raise ModelFileError(
+            f"the GGUF metadata lacks '{arch}.{name}', which a {arch} model needs; the file "
+            "is incomplete — convert the model again"
+        )
+    return value
+
+
+def check_tensors(arch: str, needed: Iterable[str], weights: Mapping[str, Any]) -> None:
+    """Refuse to build a graph when a tensor the architecture needs was not loaded."""
+    missing = [n for n in needed if n not in weights]
+    if missing:
+        raise ModelFileError(
+            f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
+            f"{arch} model needs; the file is incomplete — convert it again"
+        )
 
 
 @attrs.frozen

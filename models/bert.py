@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from tessera.arch import Architecture, KVLayerLayout
+from tessera.arch import Architecture, KVLayerLayout, check_tensors, metadata_key
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.bert_graph import BertGraph
@@ -109,13 +109,7 @@ class BertArchitecture(Architecture):
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
     ) -> BertConfig:
         def key(name: str, default: Any = None) -> Any:
-            value = metadata.get(f"bert.{name}", default)
-            if value is None:
-                raise ModelFileError(
-                    f"the GGUF metadata lacks 'bert.{name}'; the file is incomplete — "
-                    "convert the model again"
-                )
-            return value
+            return metadata_key(metadata, "bert", name, default)
 
         labels = tuple(str(x) for x in metadata.get("bert.classifier.output_labels") or ())
         if not labels and "cls.output.weight" in tensor_shapes:
@@ -270,12 +264,7 @@ class BertArchitecture(Architecture):
         return c.pooling_type
 
     def build(self, c: BertConfig, weights: Mapping[str, Any], backend: Any) -> BertGraph:
-        missing = [n for n in self.tensor_shapes(c) if n not in weights]
-        if missing:
-            raise ModelFileError(
-                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
-                "bert model needs; the file is incomplete — convert it again"
-            )
+        check_tensors("bert", self.tensor_shapes(c), weights)
         return BertGraph(c, weights, backend)
 
 

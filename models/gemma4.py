@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.arch import Architecture, KVLayerLayout
+from tessera.arch import Architecture, KVLayerLayout, check_tensors
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models import gemma4_config
@@ -215,12 +215,7 @@ class Gemma4Architecture(Architecture):
     def build(self, c: Gemma4Config, weights: Mapping[str, Any], backend: Any) -> Any:
         from tessera.models.gemma4_graph import Gemma4Graph
 
-        missing = [n for n in self.tensor_shapes(c) if n not in weights]
-        if missing:
-            raise ModelFileError(
-                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
-                "gemma4 model needs; the file is incomplete — convert it again"
-            )
+        check_tensors("gemma4", self.tensor_shapes(c), weights)
         return Gemma4Graph(c, weights, backend)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.arch import metadata_key
 from tessera.errors import ModelFileError
 
 ARCH = "gemma4"
@@ -110,13 +111,7 @@ def config_from_gguf(
     """The config of a ``gemma4`` GGUF file (llama.cpp's keys; some facts from tensors)."""
 
     def key(name: str, default: Any = None) -> Any:
-        value = metadata.get(f"{ARCH}.{name}", default)
-        if value is None:
-            raise ModelFileError(
-                f"the GGUF metadata lacks '{ARCH}.{name}'; the file is incomplete — "
-                "convert the model again"
-            )
-        return value
+        return metadata_key(metadata, ARCH, name, default)
 
     if any(".ffn_gate_inp." in name for name in tensor_shapes):
         raise ModelFileError(

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.arch import Architecture, KVLayerLayout
+from tessera.arch import Architecture, KVLayerLayout, check_tensors, metadata_key
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.gemma_embedding_graph import ROPE_BASE_LOCAL, GemmaEmbeddingGraph
@@ -89,13 +89,7 @@ class GemmaEmbeddingArchitecture(Architecture):
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
     ) -> GemmaEmbeddingConfig:
         def key(name: str, default: Any = None) -> Any:
-            value = metadata.get(f"{ARCH}.{name}", default)
-            if value is None:
-                raise ModelFileError(
-                    f"the GGUF metadata lacks '{ARCH}.{name}'; the file is incomplete — "
-                    "convert the model again"
-                )
-            return value
+            return metadata_key(metadata, ARCH, name, default)
 
         n_head = int(key("attention.head_count"))
         n_embd = int(key("embedding_length"))
@@ -270,12 +264,7 @@ class GemmaEmbeddingArchitecture(Architecture):
         return c.pooling_type
 
     def build(self, c: GemmaEmbeddingConfig, weights: Mapping[str, Any], backend: Any) -> Any:
-        missing = [n for n in self.tensor_shapes(c) if n not in weights]
-        if missing:
-            raise ModelFileError(
-                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
-                f"{ARCH} model needs; the file is incomplete — convert it again"
-            )
+        check_tensors(ARCH, self.tensor_shapes(c), weights)
         return GemmaEmbeddingGraph(c, weights, backend)
 
 

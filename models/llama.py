@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.arch import Architecture, ForwardInput, KVLayerLayout
+from tessera.arch import Architecture, ForwardInput, KVLayerLayout, check_tensors, metadata_key
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 
@@ -100,13 +100,7 @@ class LlamaArchitecture(Architecture):
         arch = metadata["general.architecture"]
 
         def key(name: str, default: Any = None) -> Any:
-            value = metadata.get(f"{arch}.{name}", default)
-            if value is None:
-                raise ModelFileError(
-                    f"the GGUF metadata lacks '{arch}.{name}'; the file is incomplete — "
-                    "convert the model again"
-                )
-            return value
+            return metadata_key(metadata, arch, name, default)
 
         n_embd = int(key("embedding_length"))
         n_nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0))
@@ -289,12 +283,7 @@ class LlamaArchitecture(Architecture):
         return LlamaTensorParallel(c, rank, world_size, split_lm_head)
 
     def build(self, c: LlamaConfig, weights: Mapping[str, Any], backend: Any) -> LlamaGraph:
-        missing = [n for n in self.tensor_shapes(c) if n not in weights]
-        if missing:
-            raise ModelFileError(
-                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
-                f"{c.arch} model needs; the file is incomplete — convert it again"
-            )
+        check_tensors(c.arch, self.tensor_shapes(c), weights)
         return LlamaGraph(c, weights, backend)
 
 

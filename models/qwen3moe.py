@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.arch import check_tensors, metadata_key
 from tessera.errors import ModelFileError
 from tessera.experts import (
     ExpertLayout,
@@ -80,12 +81,7 @@ class MoEArchitecture(LlamaArchitecture):
         base, prefix = BASE_ARCH[arch], f"{arch}."
 
         def key(name: str, default: Any = None) -> Any:
-            if (value := metadata.get(prefix + name, default)) is None:
-                raise ModelFileError(
-                    f"the GGUF metadata lacks '{prefix}{name}', which a {arch} model needs; "
-                    "the file is incomplete — convert the model again"
-                )
-            return value
+            return metadata_key(metadata, arch, name, default)
 
         n_ff_exp = int(key("expert_feed_forward_length"))
         # The dense half reads the same keys under the base arch's prefix.
@@ -217,12 +213,7 @@ class MoEArchitecture(LlamaArchitecture):
         are used as they are (every expert resident)."""
         stacked = {n for t in self.expert_layout(c).layers for n in t.names}
         wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
-        missing = [n for n in wanted if n not in weights]
-        if missing:
-            raise ModelFileError(
-                f"the model lacks tensor '{missing[0]}' (and {len(missing) - 1} more) that a "
-                f"{c.arch} model needs; the file is incomplete — convert it again"
-            )
+        check_tensors(c.arch, wanted, weights)
         if experts is None:
             experts = ModelExperts(
                 {
