@@ -198,7 +198,7 @@ def main() -> None:
         if args.threads:
             big.backend.set_threads(args.threads)
         bctx = Context(big, ContextParams(n_ctx=256))
-        btypes = [t for t in types if t in ("draft", "ngram")]
+        btypes = [t for t in types if t in ("draft", "ngram", "select")]  # no MTP layers
         t0 = time.time()
         brows = bench(
             bctx,

@@ -86,6 +86,9 @@ class SpecDecoder(ABC):
     #: True when drafting costs next to nothing (a lookup): the loop then always asks for
     #: ``--draft-max`` tokens, since only the adaptive length's savings are in drafting.
     cheap_drafts: bool = False
+    #: The generation loop's :class:`tessera.speculative.SpecGovernor` for this drafter,
+    #: kept across generations so that what it measured (does drafting pay?) carries over.
+    governor: Any = None
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:  # noqa: B027
         """A new generation starts: ``prompt`` is in the target's cache for ``seq_id``."""

@@ -32,7 +32,8 @@ from tessera.engine import GenerationStats, check_prompt
 from tessera.sampling import Sampler
 from tessera.spec_decoder import Draft, SpecDecoder, SpecParams
 
-#: Set to 0 to keep the draft length fixed at --draft-max (no adaptive length).
+#: Set to 0 to draft at every step with the length fixed at --draft-max (no adaptive
+#: length, no :class:`SpecGovernor`).
 ADAPTIVE_ENV = "TESSERA_SPEC_ADAPTIVE"
 
 
@@ -133,6 +134,69 @@ class DraftLength:
             self.n = max(1, n_accepted + 1)
 
 
+@attrs.define
+class SpecGovernor:
+    """Drafts only while drafting pays, measured in seconds per emitted token.
+
+    Acceptance alone cannot tell: a drafter that is right 60% of the time still loses when
+    drafting and verifying cost more than the tokens it saves. The governor keeps moving
+    averages of the wall time per emitted token of plain steps (no draft) and of
+    speculative steps (draft + verify + the drafter's bookkeeping). While speculative steps
+    are slower it drafts only in probes, separated by a stretch of plain steps that doubles
+    after each losing probe (up to ``max_off``); a winning step resets the stretch. It
+    starts with ``n_calibrate`` plain steps, and re-measures plain decoding every
+    ``replain_every`` speculative steps so the comparison follows load changes. The loop
+    keeps it on the decoder (:attr:`SpecDecoder.governor`), so it carries over generations.
+    """
+
+    enabled: bool = True
+    n_calibrate: int = 2
+    replain_every: int = 32
+    max_off: int = 128
+    alpha: float = 0.25  # weight of the newest step in the moving averages
+    t_plain: float | None = None
+    t_spec: float | None = None
+    n_plain: int = 0
+    since_plain: int = 0
+    off: int = 0  # plain steps left before the next probe
+    stretch: int = 2
+
+    def allow(self) -> bool:
+        """Whether the next step may carry a draft."""
+        if not self.enabled:
+            return True
+        if self.n_plain < self.n_calibrate or self.since_plain >= self.replain_every:
+            return False
+        if self.off > 0:
+            self.off -= 1
+            return False
+        return True
+
+    def record(self, drafted: bool, seconds: float, n_emitted: int) -> None:
+        """One step took ``seconds`` and emitted ``n_emitted`` tokens."""
+        per_token = seconds / max(n_emitted, 1)
+        if not drafted:
+            self.t_plain = _ema(self.t_plain, per_token, self.alpha)
+            self.n_plain += 1
+            self.since_plain = 0
+            return
+        self.since_plain += 1
+        self.t_spec = _ema(self.t_spec, per_token, self.alpha)
+        if self.t_plain is not None and self.t_spec > self.t_plain:
+            self.off, self.stretch = self.stretch, min(self.stretch * 2, self.max_off)
+        else:
+            self.stretch = 2
+
+    @property
+    def speedup(self) -> float:
+        """Measured plain / speculative time per token (0 before both are known)."""
+        return self.t_plain / self.t_spec if self.t_plain and self.t_spec else 0.0
+
+
+def _ema(old: float | None, new: float, alpha: float) -> float:
+    return new if old is None else (1 - alpha) * old + alpha * new
+
+
 def generate_speculative(
     ctx: Context,
     prompt: Sequence[int],
@@ -162,9 +226,11 @@ def generate_speculative(
         on_prompt_done()
     history = list(prompt)
     budget = ctx.n_ctx - len(prompt) if n_predict < 0 else min(n_predict, ctx.n_ctx - len(prompt))
-    adaptive = params.adaptive and os.environ.get(ADAPTIVE_ENV, "1") not in ("0", "")
-    adaptive = adaptive and not decoder.cheap_drafts
+    adaptive = params.adaptive and _adaptive_env() and not decoder.cheap_drafts
     length = DraftLength(min(params.draft_max, ctx.params.n_batch - 1), adaptive)
+    governor = decoder.governor
+    if governor is None or governor.enabled != (params.adaptive and _adaptive_env()):
+        governor = decoder.governor = SpecGovernor(enabled=params.adaptive and _adaptive_env())
     t0 = time.perf_counter()
     decoder.begin(prompt, seq_id)
     if budget <= 0:
@@ -179,7 +245,9 @@ def generate_speculative(
     n_left = budget - 1
     while n_left > 0:
         # Enough drafts to fill the budget (the target adds one) and the context.
+        t_step = time.perf_counter()
         n_max = min(length.next(), n_left - 1, ctx.n_ctx - len(history))
+        n_max = n_max if governor.allow() else 0
         draft = decoder.draft(history, n_max) if n_max > 0 else Draft(())
         if len(draft) > n_max:
             probs = None if draft.probs is None else draft.probs[:n_max]
@@ -206,6 +274,7 @@ def generate_speculative(
                 break
             kept += 1
         new = emitted[:kept]
+        t_step = time.perf_counter() - t_step  # the consumer's time between yields is not ours
         # The cache keeps the history the target has evaluated: all of it after an EOG
         # (as plain decoding), else all but the newest token, which the next batch carries.
         keep_to = len(history) + kept - (0 if stopped else 1)
@@ -217,8 +286,16 @@ def generate_speculative(
         stats.t_generate = time.perf_counter() - t0
         if stopped or n_left <= 0:
             break
+        t_accepted = time.perf_counter()
         decoder.accepted(history, len(draft), n_acc)
+        # A step that asked the drafter counts as speculative even when it proposed nothing:
+        # it paid for drafting.
+        governor.record(n_max > 0, t_step + time.perf_counter() - t_accepted, len(new))
     stats.t_generate = time.perf_counter() - t0
+
+
+def _adaptive_env() -> bool:
+    return os.environ.get(ADAPTIVE_ENV, "1") not in ("0", "")
 
 
 def _prefill(

@@ -5,6 +5,7 @@ a scripted drafter that forces the edge cases (EOG inside a draft, the context l
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import numpy as np
@@ -19,6 +20,7 @@ from tessera.sampling import Sampler, SamplerParams
 from tessera.spec_decoder import Draft, SpecDecoder, SpecParams
 from tessera.speculative import (
     DraftLength,
+    SpecGovernor,
     SpecStats,
     accept_draft,
     create_decoder,
@@ -82,7 +84,9 @@ def test_greedy_output_equals_plain_decoding(spec_type, draft_file, files, model
     n-gram lookup and the target's own (random) MTP block."""
     ctx = Context(model, ContextParams(n_ctx=96))
     draft = str(files[draft_file]) if draft_file else None
-    params = SpecParams(model_draft=draft, draft_max=5, p_min=0.0)
+    # Not adaptive: every step carries a draft (the governor would rightly stop drafting
+    # with the target as its own drafter, which costs more than it saves).
+    params = SpecParams(model_draft=draft, draft_max=5, p_min=0.0, adaptive=False)
     decoder = create_decoder(runtime, spec_type, ctx, params)
     accepted = 0
     for i, prompt in enumerate(prompts(model.n_vocab, 6)):
@@ -296,6 +300,64 @@ def test_draft_length_adapts_and_can_be_fixed():
     fixed = DraftLength(8, adaptive=False)
     fixed.update(8, 0)
     assert fixed.next() == 8
+
+
+def test_governor_calibrates_then_drafts_while_drafting_pays():
+    gov = SpecGovernor(n_calibrate=2, replain_every=4)
+    assert [gov.allow(), gov.allow()] == [False, False]  # calibration: plain steps first
+    gov.record(False, 0.010, 1)
+    gov.record(False, 0.010, 1)
+    for _ in range(4):  # 3 tokens in 15 ms beats 10 ms per token: keep drafting
+        assert gov.allow()
+        gov.record(True, 0.015, 3)
+    assert not gov.allow()  # every replain_every speculative steps, one plain step
+    gov.record(False, 0.010, 1)
+    assert gov.allow() and gov.speedup == pytest.approx(2.0)
+
+
+def test_governor_backs_off_while_drafting_loses_and_resets_on_a_win():
+    gov = SpecGovernor(n_calibrate=1, max_off=8, alpha=1.0)
+    gov.record(False, 0.010, 1)
+    offs = []
+    for _ in range(4):  # each losing probe doubles the plain stretch: 2, 4, 8, 8
+        assert gov.allow()
+        gov.record(True, 0.030, 1)
+        n = 0
+        while not gov.allow():
+            n += 1
+        offs.append(n)
+        gov.off = 0
+    assert offs == [2, 4, 8, 8]
+    gov.record(True, 0.004, 2)  # a winning step: drafting continues, stretch reset
+    assert gov.allow() and gov.stretch == 2
+    assert SpecGovernor(enabled=False).allow()  # switched off: always drafts
+
+
+class SlowWrongDrafter(SpecDecoder):
+    """Costs 20 ms per draft and is always wrong: drafting can only lose."""
+
+    def draft(self, history, n_max):
+        time.sleep(0.02)
+        return Draft([(history[-1] + 1) % 256] * n_max)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_governor_stops_a_losing_drafter_without_changing_tokens(model, adaptive):
+    ctx = Context(model, ContextParams(n_ctx=96))
+    prompt = prompts(model.n_vocab, 1, seed=5)[0]
+    want = plain_tokens(ctx, prompt, 40)
+    stats = SpecStats()
+    params = SpecParams(draft_max=4, adaptive=adaptive)
+    got = list(
+        generate_speculative(
+            ctx, prompt, 40, Sampler(GREEDY), SlowWrongDrafter(), params, stats=stats
+        )
+    )
+    assert got == want
+    if adaptive:  # probes only: 2 calibration steps, then stretches of 2, 4, 8, 16 ...
+        assert stats.n_verify <= 6
+    else:
+        assert stats.n_verify >= stats.n_target_batches - 1  # the last step has no room
 
 
 def test_adaptive_switch_off_gives_the_same_tokens(model, monkeypatch):
