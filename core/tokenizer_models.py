@@ -5,6 +5,7 @@ library: byte-level BPE (``gpt2``), SentencePiece-style BPE over scores (``llama
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -149,8 +150,23 @@ def _is_cjk(cp: int) -> bool:
     return cp >= 0x3400 and any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
 
 
+#: ASCII control characters that are not whitespace: dropped without splitting a word.
+_ASCII_CONTROLS = dict.fromkeys([*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F])
+#: On ASCII text (after dropping controls) a word is a run of letters and digits, and every
+#: other non-whitespace character (all punctuation or symbols) stands alone.
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\t\n\x0b\x0c\r ]")
+
+
 def wpm_words(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
     """Split text into words the way llama.cpp's WordPiece tokenizer does before matching."""
+    if text.isascii():  # most input: one regex pass instead of a Python loop per character
+        text = text.translate(_ASCII_CONTROLS)
+        return _ASCII_WORD.findall(text.lower() if lowercase else text)
+    return wpm_words_general(text, lowercase, strip_accents)
+
+
+def wpm_words_general(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
+    """:func:`wpm_words` for any text, one character at a time."""
     if strip_accents:
         text = unicodedata.normalize("NFD", text)
     words: list[str] = []
