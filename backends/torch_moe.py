@@ -28,9 +28,9 @@ def moe_ffn(
         h = x if single else x.index_select(0, idx := backend._index(rows))
         act = F.silu(backend.matmul(h, gate)) * backend.matmul(h, up)
         y = backend.matmul(act, down).float()
-        scale = torch.from_numpy(weights[rows, slot]).to(x.device)[:, None]
-        if single:
-            out += y * scale
+        if single:  # one row: its weight is a Python scalar, no tensor to build and move
+            out += y * float(weights[0, slot[0]])
         else:
+            scale = torch.from_numpy(weights[rows, slot]).to(x.device)[:, None]
             out.index_add_(0, idx, y * scale)
     return out.to(x.dtype)

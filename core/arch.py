@@ -179,6 +179,17 @@ class Architecture(ABC):
         """
         return None
 
+    def variant(self, config: Any) -> Architecture:
+        """The architecture object that runs ``config``; the default is this one.
+
+        For a GGUF name that covers a layout another plugin's code runs: llama.cpp writes
+        Mixtral as ``llama`` with routed experts, so the llama plugin's
+        ``config_from_gguf`` returns an MoE config and this method the MoE architecture.
+        The loader calls it right after ``config_from_gguf`` / ``config_from_hf`` and uses
+        its answer for everything else (``expert_layout``, ``build``, ``required_ops`` ...).
+        """
+        return self
+
     def causal_attention(self, config: Any) -> bool:
         """False for encoders (BERT): each token attends to its whole sequence, no KV cache
         is kept and the model only embeds (``Context.encode``). The default is a decoder."""

@@ -140,6 +140,7 @@ def load_model(
         arch = runtime.architecture(gguf.architecture)
         shapes = {name: t.shape for name, t in gguf.tensors.items()}
         config = arch.config_from_gguf(gguf.metadata, shapes)
+        arch = arch.variant(config)
         raw, metadata = gguf.tensors, gguf.metadata
     qtypes = {name: runtime.quant_type(t.ggml_type, name) for name, t in raw.items()}
     raw = {name: stored_tensor(t, qtypes[name]) for name, t in raw.items()}
@@ -266,7 +267,7 @@ def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTenso
         for name, value in arch.tensors_from_hf(config, hf_tensors, for_gguf=False)
     }
     metadata = arch.gguf_metadata(config)
-    return arch, config, raw, metadata
+    return arch.variant(config), config, raw, metadata
 
 
 def _raw_from_array(name: str, value: np.ndarray) -> RawTensor:

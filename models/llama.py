@@ -98,6 +98,8 @@ class LlamaArchitecture(Architecture):
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
     ) -> LlamaConfig:
         arch = metadata["general.architecture"]
+        if arch == "llama" and metadata.get("llama.expert_count"):  # Mixtral: routed experts
+            return _moe_architecture().config_from_gguf(metadata, tensor_shapes)
 
         def key(name: str, default: Any = None) -> Any:
             return metadata_key(metadata, arch, name, default)
@@ -285,6 +287,17 @@ class LlamaArchitecture(Architecture):
     def build(self, c: LlamaConfig, weights: Mapping[str, Any], backend: Any) -> LlamaGraph:
         check_tensors(c.arch, self.tensor_shapes(c), weights)
         return LlamaGraph(c, weights, backend)
+
+    def variant(self, config: LlamaConfig) -> Architecture:
+        """A config with routed experts (Mixtral) runs on the MoE architecture's code."""
+        return _moe_architecture() if getattr(config, "n_expert", 0) else self
+
+
+def _moe_architecture() -> Architecture:
+    # The MoE plugin builds on this module, so it is imported when a file needs it.
+    from tessera.models.qwen3moe import MixtralArchitecture
+
+    return MixtralArchitecture()
 
 
 class LlamaGraph:

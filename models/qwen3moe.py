@@ -1,4 +1,4 @@
-"""Mixture-of-experts architectures: ``qwen3moe`` and ``qwen2moe`` (GGUF and Hugging Face).
+"""Mixture-of-experts architectures: ``qwen3moe``, ``qwen2moe`` and Mixtral (GGUF and HF).
 
 The attention half of each layer is the llama family's (Qwen3's QK-norm, Qwen2's Q/K/V
 biases), reused from :mod:`tessera.models.llama`. The FFN half is routed: a router
@@ -7,6 +7,11 @@ are kept (renormalized to sum to one for qwen3moe, as llama.cpp does and as HF d
 ``norm_topk_prob``), and the chosen experts' SwiGLU FFNs, stored stacked in
 ``ffn_{gate,up,down}_exps``, are summed with those weights. ``qwen2moe`` adds a shared
 expert (``ffn_*_shexp``) that every token runs, scaled by ``sigmoid(ffn_gate_inp_shexp)``.
+
+Mixtral is Llama with routed experts (renormalized top-k). llama.cpp writes it as
+``general.architecture = llama`` with ``llama.expert_count``, so the llama plugin reads its
+GGUF files and hands them to this code (``Architecture.variant``); its HF ``model_type`` is
+``mixtral``.
 
 The experts reach the graph through :class:`tessera.experts.ModelExperts` (resident,
 offloaded, cached); only the experts a ubatch selected are computed.
@@ -33,14 +38,16 @@ from tessera.experts import (
 )
 from tessera.hookspecs import hookimpl
 from tessera.models.llama import LlamaArchitecture, LlamaConfig, LlamaGraph
-from tessera.models.qwen3moe_hf import HF_SHARED_NAMES, Subset, stacked_experts
+from tessera.models.qwen3moe_hf import HF_SHARED_NAMES, Subset, qwen_moe_name, stacked_experts
 
 TESSERA_PLUGIN_API = 1
 
-#: MoE arch -> the dense llama-family arch whose attention it uses.
-BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2"}
+#: MoE arch -> the dense llama-family arch whose attention it uses (Mixtral: ``llama``).
+BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "llama": "llama"}
 #: HF ``model_type`` -> GGUF arch name.
-HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe"}
+HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+#: Whether llama.cpp renormalizes the top-k weights for the arch (files may say otherwise).
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "llama": True}
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
@@ -71,8 +78,11 @@ class MoEConfig(LlamaConfig):
 
 
 class MoEArchitecture(LlamaArchitecture):
-    names = tuple(BASE_ARCH)
+    names = ("qwen3moe", "qwen2moe")  # GGUF "llama" (Mixtral) comes through the llama plugin
     hf_model_types = tuple(HF_TYPES)
+
+    def variant(self, config: MoEConfig) -> MoEArchitecture:
+        return MixtralArchitecture() if config.arch == "llama" else self
 
     def config_from_gguf(
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
@@ -83,10 +93,15 @@ class MoEArchitecture(LlamaArchitecture):
         def key(name: str, default: Any = None) -> Any:
             return metadata_key(metadata, arch, name, default)
 
-        n_ff_exp = int(key("expert_feed_forward_length"))
-        # The dense half reads the same keys under the base arch's prefix.
+        # Mixtral's experts have the llama FFN size (llama.cpp writes no expert length).
+        dense_ff = metadata.get(f"{arch}.feed_forward_length") if arch == "llama" else None
+        n_ff_exp = int(key("expert_feed_forward_length", dense_ff))
+        # The dense half reads the same keys under the base arch's prefix (expert keys left
+        # out: the llama plugin would hand a file with experts back to this one).
         renamed = {
-            (base + k[len(arch) :] if k.startswith(prefix) else k): v for k, v in metadata.items()
+            (base + k[len(arch) :] if k.startswith(prefix) else k): v
+            for k, v in metadata.items()
+            if not k.startswith(f"{arch}.expert_")
         }
         renamed["general.architecture"] = base
         renamed.setdefault(f"{base}.feed_forward_length", n_ff_exp)
@@ -96,8 +111,8 @@ class MoEArchitecture(LlamaArchitecture):
             n_expert=int(key("expert_count")),
             n_expert_used=int(key("expert_used_count")),
             n_ff_exp=n_ff_exp,
-            # llama.cpp renormalizes for qwen3moe and not for qwen2moe; a file may say.
-            norm_topk_prob=bool(key("expert_weights_norm", arch == "qwen3moe")),
+            # llama.cpp renormalizes for qwen3moe and Mixtral, not qwen2moe; a file may say.
+            norm_topk_prob=bool(key("expert_weights_norm", NORM_TOPK[arch])),
             n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)),
         )
 
@@ -112,7 +127,8 @@ class MoEArchitecture(LlamaArchitecture):
                 "every layer to be a mixture of experts"
             )
         base = super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]})
-        n_ff_exp = int(hf["moe_intermediate_size"])
+        # Mixtral's experts are intermediate_size wide; it always renormalizes the top-k.
+        n_ff_exp = int(hf.get("moe_intermediate_size") or hf["intermediate_size"])
         return MoEConfig.from_base(
             arch,
             base,
@@ -120,7 +136,7 @@ class MoEArchitecture(LlamaArchitecture):
             n_expert=int(hf.get("num_experts") or hf["num_local_experts"]),
             n_expert_used=int(hf["num_experts_per_tok"]),
             n_ff_exp=n_ff_exp,
-            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", arch == "llama")),
             n_ff_shexp=int(hf.get("shared_expert_intermediate_size") or 0),
         )
 
@@ -129,9 +145,10 @@ class MoEArchitecture(LlamaArchitecture):
         meta = super().gguf_metadata(c) | {
             f"{a}.expert_count": c.n_expert,
             f"{a}.expert_used_count": c.n_expert_used,
-            f"{a}.expert_feed_forward_length": c.n_ff_exp,
         }
-        if c.norm_topk_prob != (a == "qwen3moe"):
+        if a != "llama":  # Mixtral's expert width is feed_forward_length, as llama.cpp has it
+            meta[f"{a}.expert_feed_forward_length"] = c.n_ff_exp
+        if c.norm_topk_prob != NORM_TOPK[a]:
             # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
             meta[f"{a}.expert_weights_norm"] = c.norm_topk_prob
         if c.n_ff_shexp:
@@ -164,6 +181,7 @@ class MoEArchitecture(LlamaArchitecture):
         dense, experts = {}, {}
         for hf_name in hf_tensors:
             layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
+            rest = qwen_moe_name(rest)
             if not hf_name.startswith("model.layers.") or not rest.startswith("mlp."):
                 dense[hf_name] = hf_name
             elif rest in HF_SHARED_NAMES:
@@ -183,9 +201,11 @@ class MoEArchitecture(LlamaArchitecture):
             "n_expert": overrides.pop("n_expert", 8),
             "n_expert_used": overrides.pop("n_expert_used", 2),
             "n_ff_exp": overrides.pop("n_ff_exp", 32),
-            "norm_topk_prob": overrides.pop("norm_topk_prob", arch == "qwen3moe"),
+            "norm_topk_prob": overrides.pop("norm_topk_prob", NORM_TOPK[arch]),
             "n_ff_shexp": overrides.pop("n_ff_shexp", 48 if arch == "qwen2moe" else 0),
         }
+        if arch == "llama":  # Mixtral: the experts are the llama FFN's width
+            overrides["n_ff"] = moe["n_ff_exp"]
         base = super().example_config(arch=BASE_ARCH[arch], **overrides)
         return MoEConfig.from_base(arch, base, **moe)
 
@@ -222,6 +242,18 @@ class MoEArchitecture(LlamaArchitecture):
                 }
             )
         return MoEGraph(c, weights, backend, experts)
+
+
+class MixtralArchitecture(MoEArchitecture):
+    """What runs a Mixtral model: the MoE code under the name llama.cpp gives it. Reached
+    through ``variant`` (the GGUF name ``llama`` belongs to the llama plugin), never
+    registered itself."""
+
+    names = ("llama",)
+    hf_model_types = ("mixtral",)
+
+    def variant(self, config: MoEConfig) -> MoEArchitecture:
+        return self
 
 
 class MoEGraph(LlamaGraph):

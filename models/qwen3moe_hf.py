@@ -2,7 +2,9 @@
 
 HF stores experts one by one (``mlp.experts.E.{gate,up,down}_proj.weight``) or, since
 transformers 5, fused per layer (``mlp.experts.gate_up_proj``, ``mlp.experts.down_proj``);
-GGUF stacks them per layer (``blk.N.ffn_{gate,up,down}_exps.weight``).
+GGUF stacks them per layer (``blk.N.ffn_{gate,up,down}_exps.weight``). Mixtral checkpoints
+name the same things ``block_sparse_moe.gate`` and ``block_sparse_moe.experts.E.w1/w3/w2``
+(gate/up/down); :func:`qwen_moe_name` maps them onto the names above.
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ HF_SHARED_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
 }
+
+
+#: Mixtral's per-expert projections -> the Qwen MoE names.
+MIXTRAL_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def qwen_moe_name(rest: str) -> str:
+    """A layer tensor name (after ``model.layers.N.``) in the Qwen MoE form: Mixtral's
+    ``block_sparse_moe.*`` names are renamed, every other name is returned as it is."""
+    if not rest.startswith("block_sparse_moe."):
+        return rest
+    parts = rest.removeprefix("block_sparse_moe.").split(".")
+    if parts[0] == "experts" and len(parts) == 4 and parts[2] in MIXTRAL_EXPERT_NAMES:
+        parts[2] = MIXTRAL_EXPERT_NAMES[parts[2]]
+    return ".".join(["mlp", *parts])
 
 
 class Subset(Mapping):

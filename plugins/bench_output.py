@@ -3,7 +3,10 @@
 A record has llama-bench's JSON field names (``n_prompt``, ``n_gen``, ``avg_ts``,
 ``stddev_ts``, ``samples_ns`` ...) plus tessera's own: ``backend_device``, ``dtype``,
 ``kv_path``, ``prune`` (the context's choice: on/off), ``pruned`` (whether a ubatch was
-really cut down before the KV-shared layers) and ``prune_reason``.
+really cut down before the KV-shared layers) and ``prune_reason``; with an expert cache
+(``--moe-cache-mib``), ``moe_cache_budget_bytes`` and the cache's counters over the test's
+timed runs (``moe_cache_hits``, ``moe_cache_misses``, ``moe_cache_hit_rate``,
+``moe_cache_evictions``, ``moe_cache_bytes_moved``; the md table's "moe hits" column).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def test_record(model: Any, test: Any) -> dict[str, Any]:
     avg_ns, stddev_ns = _mean_std([float(ns) for ns in test.samples_ns])
     avg_ts, stddev_ts = _mean_std(samples_ts)
     backend = model.backend
-    return {
+    record = {
         "build_commit": "",
         "build_number": 0,
         "tessera_version": __version__,
@@ -89,6 +92,18 @@ def test_record(model: Any, test: Any) -> dict[str, Any]:
         "samples_ns": list(test.samples_ns),
         "samples_ts": samples_ts,
     }
+    if test.moe_cache is not None:
+        record.update(_moe_cache_fields(model, test.moe_cache))
+    return record
+
+
+def _moe_cache_fields(model: Any, counters: dict[str, int]) -> dict[str, Any]:
+    lookups = counters["hits"] + counters["misses"]
+    return {
+        "moe_cache_budget_bytes": model.experts.cache.budget_bytes,
+        **{f"moe_cache_{k}": v for k, v in counters.items()},
+        "moe_cache_hit_rate": counters["hits"] / lookups if lookups else 0.0,
+    }
 
 
 _MD_COLUMNS = ("model", "size", "params", "backend", "threads", "n_ubatch", "fa", "kv path",
@@ -97,7 +112,7 @@ _MD_COLUMNS = ("model", "size", "params", "backend", "threads", "n_ubatch", "fa"
 
 def _md_cells(r: dict[str, Any]) -> list[str]:
     params = r["model_n_params"]
-    return [
+    cells = [
         r["model_type"],
         f"{r['model_size'] / 2**30:.2f} GiB",
         f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.2f} M",
@@ -111,6 +126,10 @@ def _md_cells(r: dict[str, Any]) -> list[str]:
         r["test"],
         f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
     ]
+    if "moe_cache_hits" in r:
+        lookups = r["moe_cache_hits"] + r["moe_cache_misses"]
+        cells.append(f"{r['moe_cache_hit_rate']:.0%} of {lookups}")
+    return cells
 
 
 class Printer:
@@ -120,21 +139,28 @@ class Printer:
         self.fmt = fmt
         self.out = out or sys.stdout
         self.records: list[dict[str, Any]] = []
-        if fmt == "md":
-            self._line("| " + " | ".join(_MD_COLUMNS) + " |")
-            self._line("|" + "|".join("-" * (len(c) + 2) for c in _MD_COLUMNS) + "|")
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    def _md_header(self, record: dict[str, Any] | None) -> None:
+        # Written with the first row: its columns depend on the record (expert cache or not).
+        columns = _MD_COLUMNS + (("moe hits",) if record and "moe_cache_hits" in record else ())
+        self._line("| " + " | ".join(columns) + " |")
+        self._line("|" + "|".join("-" * (len(c) + 2) for c in columns) + "|")
+
     def row(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         if self.fmt == "md":
+            if len(self.records) == 1:
+                self._md_header(record)
             self._line("| " + " | ".join(_md_cells(record)) + " |")
         elif self.fmt == "jsonl":
             self._line(json.dumps(record))
 
     def close(self) -> None:
+        if self.fmt == "md" and not self.records:
+            self._md_header(None)
         if self.fmt == "json":
             self._line(json.dumps(self.records, indent=2))
         elif self.fmt == "csv" and self.records:

@@ -15,6 +15,11 @@ shared machine load drift hits every instance alike: ``--prune on,off`` is an A/
 Models: ``-m FILE`` (GGUF or HF folder), or random weights of named shapes
 (``--shape gemma4-e2b,gemma4-e4b``, :mod:`tessera.testing.shapes`).
 Output ``-o md|json|jsonl|csv`` with llama-bench's field names (avg_ts, stddev_ts, ...).
+Mixture-of-experts placement takes the run command's flags (``--cpu-moe``, ``-ncmoe N``,
+``--moe-cache-mib N``); with an expert cache, each test also reports the cache's counters
+over its timed runs (``moe_cache_hits``, ``moe_cache_misses``, ``moe_cache_hit_rate``,
+``moe_cache_evictions``, ``moe_cache_bytes_moved``). The cache is not emptied between
+runs: it stays warm, as it does when serving.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ def _list(kind: Any, allowed: dict[str, str] | None = None) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tessera.cli_common import add_moe_arguments
     from tessera.testing.shapes import DEFAULT_SHAPE_VOCAB, SHAPES
 
     g = parser.add_argument_group("bench (llama-bench flags; lists are comma-separated)")
@@ -88,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=None, help="device, e.g. cpu or cuda:0")
     g.add_argument("--dtype", default=None, choices=["f32", "bf16", "f16"], help="compute dtype")
     g.add_argument("-s", "--seed", type=int, default=0, help="seed of the random tokens")
+    add_moe_arguments(parser)
 
 
 @attrs.frozen
@@ -112,6 +119,8 @@ class Test:
     pruned: bool = False
     kv_path: str = ""
     prune_reason: str = ""
+    #: Expert-cache counters summed over the timed runs; None without an expert cache.
+    moe_cache: dict[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -152,6 +161,8 @@ def run_test(ctx: Any, test: Test, rng: np.random.Generator) -> int:
     n_vocab = ctx.model.n_vocab
     ctx.kv.clear()
     pruned = False
+    cache = _expert_cache(ctx.model)
+    before = cache.stats() if cache is not None else None
     t0 = time.perf_counter_ns()
     if test.n_prompt:
         tokens = rng.integers(0, n_vocab, test.n_prompt)
@@ -166,7 +177,19 @@ def run_test(ctx: Any, test: Test, rng: np.random.Generator) -> int:
     elapsed = time.perf_counter_ns() - t0
     ctx.kv.clear()
     test.pruned = test.pruned or pruned
+    if cache is not None:
+        after, sums = cache.stats(), test.moe_cache or dict.fromkeys(CACHE_COUNTERS, 0)
+        test.moe_cache = {k: sums[k] + after[k] - before[k] for k in CACHE_COUNTERS}
     return elapsed
+
+
+#: The expert cache's counters a test reports (deltas over its timed runs).
+CACHE_COUNTERS = ("hits", "misses", "evictions", "bytes_moved")
+
+
+def _expert_cache(model: Any) -> Any:
+    experts = getattr(model, "experts", None)
+    return experts.cache if experts is not None else None
 
 
 def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
@@ -197,11 +220,15 @@ def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
 
 def _models(args: argparse.Namespace, runtime: Any) -> Any:
     """Yield the models to bench one at a time (a shape model is freed before the next)."""
+    from tessera.cli_common import moe_options_from_args
     from tessera.model import load_model
     from tessera.testing.shapes import random_model
 
     if args.model and args.shape:
         raise TesseraError("give either -m or --shape, not both")
+    moe = moe_options_from_args(args)
+    if args.shape and moe != type(moe)():
+        raise TesseraError("--cpu-moe, -ncmoe and --moe-cache-mib need -m with an MoE model")
     if args.shape:
         for name in args.shape:
             yield random_model(runtime, name, args.backend, args.shape_vocab,
@@ -211,7 +238,7 @@ def _models(args: argparse.Namespace, runtime: Any) -> Any:
     from tessera.model import default_model_path
 
     yield load_model(args.model or default_model_path(), runtime, args.backend,
-                     device=args.device, dtype=args.dtype)  # fmt: skip
+                     device=args.device, dtype=args.dtype, moe=moe)  # fmt: skip
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:

@@ -1,10 +1,11 @@
 """``tessera quantize IN OUT TYPE``: requantize a GGUF model, like llama.cpp's llama-quantize.
 
-Every 2-D ``*.weight`` tensor is decoded from whatever type tessera reads (F32, F16, BF16,
-Q8_0, Q4_0, Q4_K, Q6_K, FP8_E4M3 ...) and encoded as TYPE; 1-D tensors (norms, biases)
-are stored as F32; a tensor already in its target type is copied byte for byte, as
-llama-quantize does. Without ``--pure`` the quantized types follow llama.cpp's default
-mix (:func:`target_types`). ``general.file_type`` is set to llama.cpp's number for TYPE.
+Every 2-D (or stacked-experts 3-D) ``*.weight`` tensor is decoded from whatever type
+tessera reads (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K, FP8_E4M3 ...) and encoded as TYPE;
+1-D tensors (norms, biases) and MoE routers are stored as F32; a tensor already in its
+target type is copied byte for byte, as llama-quantize does. Without ``--pure`` the
+quantized types follow llama.cpp's default mix (:func:`target_types`).
+``general.file_type`` is set to llama.cpp's number for TYPE.
 
 The output is written through :func:`tessera.gguf_writer.write_gguf` (a temporary file
 renamed into place), so an error or Ctrl-C leaves no half-written OUT and never touches
@@ -21,7 +22,7 @@ from typing import Any
 
 from tessera.commands import Command
 from tessera.errors import TesseraError
-from tessera.gguf_writer import FLOAT_TYPES, QUANTIZATION_VERSION, write_gguf
+from tessera.gguf_writer import F32_TENSORS, FLOAT_TYPES, QUANTIZATION_VERSION, write_gguf
 from tessera.hookspecs import hookimpl
 
 TESSERA_PLUGIN_API = 1
@@ -83,7 +84,8 @@ def target_types(
     """The quant type each tensor gets when a model is quantized to ``target``, and the
     tensors that fell back to another type.
 
-    1-D tensors and anything that is not a ``.weight`` get F32; other tensors get
+    1-D tensors, norms, MoE routers (``ffn_gate_inp``, never quantized by llama-quantize)
+    and anything that is not a ``.weight`` get F32; other tensors get
     ``target`` (``pure``) or llama.cpp's default mix (:func:`default_type`); a tensor whose
     rows do not fill its type's blocks falls back as llama.cpp does (:data:`FALLBACK`), then
     to Q8_0, then F16. ``lookup(name)`` returns the installed QuantType called ``name``.
@@ -94,7 +96,7 @@ def target_types(
     types: dict[str, Any] = {}
     fallbacks: list[str] = []
     for name, shape in shapes.items():
-        if len(shape) < 2 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        if len(shape) < 2 or name.endswith(F32_TENSORS) or not name.endswith(".weight"):
             types[name] = lookup("F32")
             continue
         wanted = target if pure else default_type(name, target, n_layer, head)

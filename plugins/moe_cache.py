@@ -44,25 +44,34 @@ class ExpertCache:
 
     def fetch(self, slow: SlowExperts, expert: int) -> tuple[Any, Any, Any]:
         """Expert ``expert`` of ``slow``: from the cache (a hit) or converted (a miss)."""
-        key = (slow.key, expert)
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return entry[0]
-            weights = slow.load(expert)
-            size = sum(loaded_nbytes(w) for w in weights)
-            self.misses += 1
-            self.bytes_moved += size
-            if size <= self.budget_bytes:  # an expert larger than the budget is not kept
-                while self.bytes_used + size > self.budget_bytes:
-                    _, (_, old) = self._entries.popitem(last=False)
-                    self.bytes_used -= old
-                    self.evictions += 1
-                self._entries[key] = (weights, size)
-                self.bytes_used += size
-            return weights
+            return self._fetch(slow, expert)
+
+    def fetch_many(self, slow: SlowExperts, experts: Sequence[int]) -> list[tuple[Any, Any, Any]]:
+        """:meth:`fetch` for each of ``experts`` in order, under one lock acquisition (one
+        call per layer and ubatch: the hit path pays no per-expert locking)."""
+        with self._lock:
+            return [self._fetch(slow, e) for e in experts]
+
+    def _fetch(self, slow: SlowExperts, expert: int) -> tuple[Any, Any, Any]:
+        key = (slow.key, expert)
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+        weights = slow.load(expert)
+        size = sum(loaded_nbytes(w) for w in weights)
+        self.misses += 1
+        self.bytes_moved += size
+        if size <= self.budget_bytes:  # an expert larger than the budget is not kept
+            while self.bytes_used + size > self.budget_bytes:
+                _, (_, old) = self._entries.popitem(last=False)
+                self.bytes_used -= old
+                self.evictions += 1
+            self._entries[key] = (weights, size)
+            self.bytes_used += size
+        return weights
 
     def keys(self) -> list[tuple[str, int]]:
         """Cached ``(slow tier key, expert)`` pairs, least recently used first."""
@@ -97,7 +106,7 @@ class CachedExperts:
         self.n_expert = slow.n_expert
 
     def get(self, experts: Sequence[int]) -> list[tuple[Any, Any, Any]]:
-        return [self.cache.fetch(self.slow, int(e)) for e in experts]
+        return self.cache.fetch_many(self.slow, experts)
 
 
 @hookimpl

@@ -1,7 +1,8 @@
-"""Qwen3-MoE and Qwen2-MoE against HF transformers on random-weight checkpoints.
+"""Qwen3-MoE, Qwen2-MoE and Mixtral against HF transformers on random-weight checkpoints.
 
 Each case is a genuine HF checkpoint made by ``transformers`` (float32, 8 experts, top-2;
-with and without ``norm_topk_prob``; Qwen2-MoE's shared expert and Q/K/V biases). tessera
+with and without ``norm_topk_prob``; Qwen2-MoE's shared expert and Q/K/V biases; Mixtral,
+6 experts top-2, whose GGUF is llama.cpp's ``llama`` with experts and permuted Q/K). tessera
 loads it from the safetensors folder and from the GGUF ``tessera convert`` writes (stacked
 ``ffn_*_exps`` tensors), on every installed backend in f32, and must reproduce
 transformers' logits for every prompt row and its greedy continuation. The routed-experts
@@ -21,11 +22,12 @@ from tessera.batch import Batch
 from tessera.context import Context, ContextParams
 from tessera.engine import generate
 from tessera.experts import MOE_FFN_DISABLE_ENV
+from tessera.gguf_file import read_gguf
 from tessera.model import load_model
 from tessera.plugins.convert import convert_hf_to_gguf
 from tessera.runtime import Runtime
 from tessera.sampling import Sampler, SamplerParams
-from tessera.testing.models import make_hf_dir
+from tessera.testing.models import make_gguf, make_hf_dir
 from tessera.testing.pytest_plugin import architecture_conformance
 
 MOE = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 32}
@@ -36,6 +38,11 @@ CASES = {
         MOE | {"norm_topk_prob": False, "tie_word_embeddings": True},
     ),
     "qwen2moe-shared-expert": ("qwen2_moe", MOE | {"n_ff_shexp": 48, "norm_topk_prob": False}),
+    # Mixtral's own config fields: experts as wide as intermediate_size, always renormalized
+    "mixtral": (
+        "mixtral",
+        {"n_ff": 32, "hf_overrides": {"num_local_experts": 6, "num_experts_per_tok": 2}},
+    ),
 }
 SOURCES = ("hf", "gguf-f32")
 N_PROMPT, N_PREDICT = 12, 10
@@ -145,3 +152,27 @@ def test_fused_transformers5_expert_tensors_stack_like_per_expert_ones():
                          "blk.0.ffn_down_exps.weight"]  # fmt: skip
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value)
+
+
+def test_mixtral_gguf_is_llama_cpps_llama_with_experts(tmp_path):
+    kwargs = CASES["mixtral"][1]
+    folder = make_hf_dir(tmp_path / "hf", "mixtral", seed=1, n_layer=1, **kwargs)
+    gguf = read_gguf(convert_hf_to_gguf(folder, tmp_path / "m.gguf", RUNTIME, "f32"))
+    meta = gguf.metadata
+    assert meta["general.architecture"] == "llama"
+    assert (meta["llama.expert_count"], meta["llama.expert_used_count"]) == (6, 2)
+    assert meta["llama.feed_forward_length"] == 32
+    assert not any(k.startswith("llama.expert_") and k.endswith(("_length", "_norm"))
+                   for k in meta)  # fmt: skip
+    n_embd = meta["llama.embedding_length"]
+    assert gguf.tensors["blk.0.ffn_gate_exps.weight"].shape == (6, 32, n_embd)
+    assert gguf.tensors["blk.0.ffn_down_exps.weight"].shape == (6, n_embd, 32)
+    assert gguf.tensors["blk.0.ffn_gate_inp.weight"].shape == (6, n_embd)
+    assert not any(n.endswith(("ffn_gate.weight", "ffn_up.weight")) for n in gguf.tensors)
+    for source, neox in ((tmp_path / "m.gguf", False), (folder, True)):
+        model = load(source, "numpy")  # run by the MoE code, under the name llama
+        assert model.arch.names == ("llama",) and model.experts is not None
+        assert model.arch.variant(model.config) is model.arch
+        assert model.config.rope_neox is neox  # GGUF llama: llama.cpp's permuted Q/K rows
+    dense = make_gguf(tmp_path / "dense.gguf", "llama")  # no expert_count: the dense graph
+    assert load(dense, "numpy").experts is None

@@ -6,11 +6,15 @@ import argparse
 import csv
 import io
 import json
+import math
 import statistics
+from pathlib import Path
 
 import pytest
 
 from tessera.errors import TesseraError
+from tessera.experts import MoEOptions
+from tessera.model import load_model
 from tessera.runtime import Runtime
 from tessera.testing import shapes
 from tessera.testing.commands import registered_command
@@ -105,6 +109,8 @@ def test_named_shapes_have_the_real_layer_counts():
         (["--shape", "no-such"], "unknown shape 'no-such'"),
         (["--prune", "auto"], "--prune takes on or off"),
         (["-r", "0"], "-r must be at least 1"),
+        (["--shape", "qwen2-0.5b", "--cpu-moe"], "need -m with an MoE model"),
+        (["--moe-cache-mib", "-1"], "take a number >= 0"),
     ],
 )
 def test_bad_input_is_one_clear_error(gemma4_gguf, capsys, argv, message):
@@ -116,3 +122,37 @@ def test_bad_input_is_one_clear_error(gemma4_gguf, capsys, argv, message):
     args = parser.parse_args(["--backend", "numpy", "-p", "4", "-n", "1", *argv])
     with pytest.raises(TesseraError, match=message):
         command.run(args, RUNTIME)
+
+
+MOE = Path(__file__).parents[2] / "core" / "default_model" / "tessera-moe.gguf"
+
+
+@pytest.mark.parametrize("evicts", [True, False])
+def test_moe_offload_flags_and_cache_counters(capsys, evicts):
+    model = load_model(MOE, RUNTIME, "numpy", moe=MoEOptions(cpu_moe=True))
+    slow = model.experts.slow_layers()
+    # budgets from the file: room for two (numpy, float32) experts while a step needs
+    # layers x top-k of them, so the cache thrashes; or room for every expert
+    expert_mib = slow[0].expert_nbytes() / 2**20
+    thrash_mib = math.ceil(2.5 * expert_mib)
+    cache_mib = thrash_mib if evicts else math.ceil(sum(s.n_expert for s in slow) * expert_mib) + 1
+    assert thrash_mib < 3 * expert_mib < len(slow) * model.config.n_expert_used * expert_mib
+    argv = ["-m", str(MOE), "-p", "0", "-n", "4", "-r", "3", "--cpu-moe"]
+    off = json.loads(_run(capsys, *argv, "-o", "json"))
+    assert not any(k.startswith("moe_cache") for k in off[0])  # offloaded, no cache
+    (r,) = json.loads(_run(capsys, *argv, "--moe-cache-mib", str(cache_mib), "-o", "json"))
+    # every decode step asks each MoE layer for its top-k experts, once each
+    lookups = 4 * 3 * len(slow) * model.config.n_expert_used
+    assert r["moe_cache_hits"] + r["moe_cache_misses"] == lookups
+    assert r["moe_cache_hit_rate"] == pytest.approx(r["moe_cache_hits"] / lookups)
+    assert r["moe_cache_bytes_moved"] == r["moe_cache_misses"] * slow[0].expert_nbytes()
+    assert r["moe_cache_budget_bytes"] == cache_mib * 2**20
+    if evicts:
+        assert 0 < r["moe_cache_evictions"] <= r["moe_cache_misses"]
+    else:  # everything fits: the warm-up's experts stay, no evictions
+        assert r["moe_cache_evictions"] == 0 and r["moe_cache_hits"] > r["moe_cache_misses"]
+    md = _run(capsys, *argv, "-r", "1", "--moe-cache-mib", str(cache_mib)).splitlines()
+    assert md[0].endswith("| moe hits |") and md[2].endswith(f" of {lookups // 3} |")
+    rows = list(csv.DictReader(io.StringIO(_run(capsys, *argv, "--moe-cache-mib",
+                                                str(thrash_mib), "-o", "csv"))))  # fmt: skip
+    assert int(rows[0]["moe_cache_hits"]) + int(rows[0]["moe_cache_misses"]) == lookups

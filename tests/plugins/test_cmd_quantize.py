@@ -177,3 +177,17 @@ def test_cli_prints_sizes_and_errors_in_one_line(tmp_path, model_f32, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "unknown quant type 'q3_z'" in errors[0]
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_moe_routers_stay_f32_and_stacked_experts_are_quantized(tmp_path):
+    src = make_gguf(tmp_path / "moe.gguf", "qwen3moe", n_embd=256, n_ff_exp=64, n_layer=1)
+    result = quantize_model(src, tmp_path / "q4k.gguf", "q4_k", RUNTIME, pure=True)
+    # llama-quantize never quantizes the router; 3-D expert stacks follow the row rules
+    assert result["types"]["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert result["types"]["blk.0.ffn_gate_exps.weight"] == "Q4_K"  # rows of 256
+    assert result["types"]["blk.0.ffn_down_exps.weight"] == "Q8_0"  # rows of 64: fallback
+    out = read_gguf(tmp_path / "q4k.gguf").tensors["blk.0.ffn_gate_exps.weight"]
+    q4_k = RUNTIME.quant_type_by_name("Q4_K")
+    assert out.shape == read_gguf(src).tensors["blk.0.ffn_gate_exps.weight"].shape
+    assert out.data.size == out.shape[0] * out.shape[1] * q4_k.row_bytes(out.shape[2])
+    load_model(tmp_path / "q4k.gguf", RUNTIME, "numpy")
