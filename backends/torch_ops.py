@@ -51,8 +51,9 @@ class TorchBackend(Backend):
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.device = str(device)
         self.dtype = dtype
-        #: Probe answers of weight kernels, by quant type name (filled by the kernels).
-        self.probe_cache: dict[str, bool] = {}
+        #: Probe answers of weight kernels, by quant type name (filled by the kernels), and
+        #: "native": the native decode kernels' status (tessera.backends.native_gemv).
+        self.probe_cache: dict[str, Any] = {}
         self._kernels: dict[str, Any] = {}
         self._inv_freq: dict[tuple[int, float, float], torch.Tensor] = {}
         self._rope_tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -162,6 +163,9 @@ class TorchBackend(Backend):
     def layer_norm(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
     ) -> torch.Tensor:
+        if all(t is None or t.dtype == x.dtype for t in (weight, bias)):
+            # torch normalizes bf16/f16 in float32 internally and rounds once at the end
+            return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
         xf = x.float()
         w = None if weight is None else weight.float()
         b = None if bias is None else bias.float()
@@ -253,17 +257,25 @@ class TorchBackend(Backend):
             scale=scale,
             enable_gqa=n_head != n_head_kv,
         )[0]
-        # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
-        out = out.masked_fill(dead, 0.0)
+        if dead is not None:
+            # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
+            out = out.masked_fill(dead, 0.0)
         return out.transpose(0, 1).reshape(n_tokens, -1)
 
-    def _mask_tensors(self, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mask_tensors(self, mask: np.ndarray) -> tuple[Any, Any]:
         """The dense mask and its all-masked rows as tensors, made once per ubatch: every
-        layer passes the same numpy mask (held here, so ``is`` cannot match a new one)."""
+        layer passes the same numpy mask (held here, so ``is`` cannot match a new one).
+        None for a mask that allows everything (one sequence of an encoder) and for "no
+        dead row": SDPA without a mask and no masked_fill are faster."""
         if self._mask_inputs is None or self._mask_inputs[0] is not mask:
-            allowed = self._tensor(mask).to(self.torch_device)
-            # a (1, 1, T, S) mask: SDPA's CPU kernel is ~30% slower with the 2-D form
-            self._mask_inputs = (mask, (allowed[None, None], ~allowed.any(-1)[None, :, None]))
+            allowed = dead = None
+            if not mask.all():
+                # a (1, 1, T, S) mask: SDPA's CPU kernel is ~30% slower with the 2-D form
+                allowed = self._tensor(mask).to(self.torch_device)[None, None]
+                no_cell = ~mask.any(-1)
+                if no_cell.any():
+                    dead = self._tensor(no_cell).to(self.torch_device)[None, :, None]
+            self._mask_inputs = (mask, (allowed, dead))
         return self._mask_inputs[1]
 
     def _rows_tensors(self, kv_rows: Any) -> dict[str, Any]:

@@ -177,7 +177,8 @@ def test_real_probes_run_once_and_are_cached_on_the_backend():
     b = make_backend()
     kernels = RUNTIME.weight_kernels()
     assert kernels[("torch", "Q4_0")].supports(b) is True
-    assert b.probe_cache == {"Q4_0": True}
+    # "native": the native decode kernels' probe, run by the Q4_0 kernel's loader
+    assert {k: v for k, v in b.probe_cache.items() if k != "native"} == {"Q4_0": True}
     b.probe_cache["Q4_0"] = False  # a cached answer is not asked again
     assert kernels[("torch", "Q4_0")].supports(b) is False
     numpy_backend = RUNTIME.create_backend("numpy")

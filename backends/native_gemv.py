@@ -1,0 +1,269 @@
+"""Native decode matmuls for Q8_0 / Q4_0 on the CPU: a small C library built on first use.
+
+torch's CPU int4 kernel is compute-bound at one activation row, so decode read 4-bit
+weights at about half the memory bandwidth. ``native_gemv.c`` does what llama.cpp does
+instead: it quantizes the few activation rows to int8 blocks of 32 and multiplies them with
+the GGUF block bytes in place using VNNI integer dot products (see the C file).
+
+The library is compiled with the system C compiler (``$CC``, default ``cc``) into
+``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
+the compiler's version, the flags and the CPU's flags; it is written under a temporary
+name and renamed, so concurrent processes and crashes never leave a half-written library.
+
+Capability probe (:func:`probe`, cached per backend in ``backend.probe_cache``): the CPU
+has AVX2/FMA/F16C and AVX512-VNNI (with VL) or AVX-VNNI, a compiler runs, the library
+builds, runs once in a child process (so an illegal instruction cannot kill the caller),
+loads, and a self-test on random weights agrees with numpy within the error bound of
+int8 activations. Otherwise the weight kernels keep their torch paths.
+``TESSERA_NATIVE_DISABLE=1`` switches it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+SOURCE = Path(__file__).with_name("native_gemv.c")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+#: All of these, and one of VNNI_FLAG_SETS, must be in /proc/cpuinfo's flags.
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
+#: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
+#: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
+COMPUTE_DTYPES = ("bf16", "f16")
+ABI = 2
+
+
+class NativeGemv:
+    """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
+
+    def __init__(self, lib: Any, path: Path) -> None:
+        import torch
+
+        self.lib = lib
+        self.path = path
+        self._kernels = {"Q8_0": lib.tsr_gemv_q8_0, "Q4_0": lib.tsr_gemv_q4_0}
+        self._dtypes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+        self._empty = torch.empty
+        self._threads = torch.get_num_threads  # what backend.set_threads (-t) set
+
+    def __repr__(self) -> str:
+        return f"NativeGemv({str(self.path)!r})"
+
+    def matmul(self, kind: str, w: Any, x: Any) -> Any:
+        """``x @ W.T`` for ``kind`` ``"Q8_0"`` or ``"Q4_0"``, ``w`` a contiguous uint8 CPU tensor
+        of block bytes ``(n_out, row bytes)``, ``x`` a ``(T, n_in)`` CPU tensor in float32,
+        bfloat16 or float16; the result has ``x``'s dtype."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        n_rows, n_in = x.shape
+        y = self._empty((n_rows, w.shape[0]), dtype=x.dtype)
+        # the kernel reads and writes x's dtype itself: no conversions (~170 calls a token)
+        self._kernels[kind](
+            w.data_ptr(),
+            w.shape[0],
+            n_in,
+            x.data_ptr(),
+            n_rows,
+            y.data_ptr(),
+            self._dtypes[x.dtype],
+            self._threads(),
+        )
+        return y
+
+
+def disabled() -> bool:
+    """Whether ``TESSERA_NATIVE_DISABLE`` switches the native kernels off."""
+    return os.environ.get("TESSERA_NATIVE_DISABLE", "").strip() not in ("", "0")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_supported(flags: set[str]) -> bool:
+    return all(f in flags for f in REQUIRED_CPU_FLAGS) and any(
+        all(f in flags for f in vnni) for vnni in VNNI_FLAG_SETS
+    )
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "tessera" / "native"
+
+
+def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
+    """Compile the library (or find it in the cache); raises OSError/RuntimeError on failure.
+
+    ``flags`` other than :data:`CFLAGS` serve tests (e.g. ``-mno-avx512f`` for the 256-bit
+    path of CPUs with AVX-VNNI only)."""
+    cc = cc or os.environ.get("CC", "").strip() or "cc"
+    version = subprocess.run(
+        [cc, "--version"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), version.encode(), " ".join(flags).encode()):
+        key.update(part)
+    key.update(" ".join(sorted(cpu_flags())).encode())
+    target = cache_dir() / f"gemv-{key.hexdigest()[:24]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)  # atomic: readers see no library or a whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+#: Run in a child process before the first load: a library using instructions this CPU or
+#: OS does not allow dies there (SIGILL), not in the caller.
+_SMOKE = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+w, x, y = (ctypes.c_char * 4096)(), (ctypes.c_float * 256)(), (ctypes.c_float * 64)()
+for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    fn(w, 9, 128, x, 2, y, 0, 1)
+"""
+
+
+def check_runs(path: Path) -> None:
+    """Call both kernels once in a child process (once per library: an ``.ok`` file marks
+    success); raises RuntimeError if the child fails or dies."""
+    marker = path.with_suffix(".ok")
+    if marker.exists():
+        return
+    done = subprocess.run(
+        [sys.executable, "-c", _SMOKE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{path.name} failed in a test process (exit {done.returncode}): "
+            f"{done.stderr.strip()[-300:]}"
+        )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ok-")
+    os.close(fd)
+    os.replace(tmp, marker)
+
+
+def load(path: Path) -> NativeGemv:
+    check_runs(path)
+    lib = ctypes.CDLL(str(path))
+    if lib.tsr_native_abi() != ABI or not lib.tsr_native_vnni():
+        raise RuntimeError(f"{path} is not a VNNI build of ABI {ABI}")
+    args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
+        fn.argtypes, fn.restype = args, None
+    return NativeGemv(lib, path)
+
+
+def error_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Bound on ``|native - x @ w.T|`` from int8 activations: each activation is off by at
+    most half a step, ``max|block| / 254``, so a dot product by at most the sum over
+    blocks of that times ``sum |w|`` of the block; plus float32 rounding of the sums."""
+    xb = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32)
+    step = xb.max(axis=2) / 254  # (T, nb)
+    wb = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1, 32).sum(axis=2)  # (n_out, nb)
+    exact = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    return step @ wb.T * (1 + 1e-4) + 1e-5 * exact + 1e-30
+
+
+def self_test(native: NativeGemv, threads: int = 1) -> bool:
+    """Both kernels on random weights (odd row counts, 1-5 activation rows; float32 and
+    bfloat16 activations) vs numpy."""
+    import torch
+
+    from tessera.plugins import quant_q4_0, quant_q8_0
+
+    rng = np.random.default_rng(0)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for qmod, name in ((quant_q8_0, "Q8_0"), (quant_q4_0, "Q4_0")):
+            for n_out, n_in, rows in ((37, 96, 5), (8, 64, 1), (5, 32, 2)):
+                w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+                raw = torch.from_numpy(qmod.quantize(w))
+                dense = qmod.dequantize(raw.numpy())
+                for dtype, rounding in ((torch.float32, 0.0), (torch.bfloat16, 2.0**-8)):
+                    x = torch.from_numpy(rng.standard_normal((rows, n_in)).astype(np.float32))
+                    x = x.to(dtype)
+                    got = native.matmul(name, raw, x).float().numpy()
+                    xs = x.float().numpy()
+                    want = xs.astype(np.float64) @ dense.astype(np.float64).T
+                    bound = error_bound(dense, xs) + rounding * np.abs(want)
+                    if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
+                        return False
+    finally:
+        torch.set_num_threads(saved)
+    return True
+
+
+@attrs.frozen
+class NativeStatus:
+    """The probe's answer for one backend: the kernels, or None and the reason why not."""
+
+    gemv: NativeGemv | None
+    reason: str
+
+
+def status(backend: Any) -> NativeStatus:
+    """Probe once per backend (cached in ``backend.probe_cache["native"]``)."""
+    cache = backend.probe_cache
+    if "native" not in cache:
+        reason = _unavailable(backend)
+        gemv = None
+        if reason is None:
+            try:
+                gemv = load(build())
+                reason = f"VNNI kernels from {gemv.path}"
+                if not self_test(gemv):
+                    gemv, reason = None, "self-test against numpy failed"
+            except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+                reason = f"build or load failed: {exc}"
+        cache["native"] = NativeStatus(gemv, reason)
+    return cache["native"]
+
+
+def probe(backend: Any) -> NativeGemv | None:
+    """The native kernels for a CPU torch backend, or None (see the module docstring)."""
+    return status(backend).gemv
+
+
+def _unavailable(backend: Any) -> str | None:
+    if disabled():
+        return "disabled by TESSERA_NATIVE_DISABLE"
+    if getattr(backend, "torch_device", None) is None or backend.torch_device.type != "cpu":
+        return "not a CPU backend"
+    if getattr(backend, "dtype", None) not in COMPUTE_DTYPES:
+        # int8 activations round like bf16 does; f32 keeps its exact matmuls
+        return f"compute dtype {backend.dtype} keeps the exact torch paths (native: bf16/f16)"
+    if not cpu_supported(cpu_flags()):
+        return "the CPU lacks AVX2/FMA/F16C with AVX512-VNNI or AVX-VNNI"
+    return None

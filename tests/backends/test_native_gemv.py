@@ -1,0 +1,274 @@
+"""The native Q8_0/Q4_0 decode kernels (tessera.backends.native_gemv): against numpy in
+float64, their probe and fallbacks, and a model's greedy text against the numpy backend.
+
+Tolerance: the kernels round each activation block of 32 to int8 (scale max|x| / 127), so
+an activation is off by at most half a step, max|block| / 254, and a dot product by at most
+sum over blocks of that step times sum |w| of the block (``error_bound``), plus float32
+rounding. Against the same rounding done in numpy the result must agree to float32 sums
+(1e-5 of sum |x_q| |w|). Outputs in bf16/f16 add that format's rounding of the result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tessera.backends import native_gemv
+from tessera.batch import Batch
+from tessera.context import Context, ContextParams
+from tessera.engine import generate
+from tessera.gguf_file import RawTensor
+from tessera.model import default_model_path, load_model
+from tessera.plugins import quant_q4_0, quant_q8_0
+from tessera.plugins.cmd_quantize import quantize_model
+from tessera.runtime import Runtime
+from tessera.sampling import Sampler, SamplerParams
+
+RUNTIME = Runtime()
+QMODS = {"Q8_0": quant_q8_0, "Q4_0": quant_q4_0}
+
+
+def backend(dtype="bf16"):
+    b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
+    b.use_kernels(RUNTIME.weight_kernels())
+    return b
+
+
+@pytest.fixture(scope="module")
+def native():
+    gemv = native_gemv.probe(backend())
+    if gemv is None:  # a CPU without VNNI or a machine without a C compiler
+        pytest.skip(f"native kernels unavailable: {native_gemv.status(backend()).reason}")
+    return gemv
+
+
+def weight_bytes(name, n_out, n_in, rng):
+    """Random weights with the extreme codes present (Q8_0: -128 and 127; Q4_0: 0 and 15)
+    and one all-zero block."""
+    raw = QMODS[name].quantize(rng.standard_normal((n_out, n_in)).astype(np.float32))
+    ts = QMODS[name].TYPE_SIZE
+    blocks = raw.reshape(n_out, -1, ts)
+    if name == "Q8_0":
+        blocks[0, 0, 2:] = np.arange(-128, 128, 8, dtype=np.int8).view(np.uint8)
+    else:
+        blocks[0, 0, 2:] = np.arange(16, dtype=np.uint8) * 17  # nibbles 0..15 in both halves
+    if n_out > 1:
+        blocks[-1, -1] = 0
+    return raw
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "n_out,n_in,rows", [(1, 32, 1), (7, 64, 2), (37, 96, 3), (130, 256, 7), (64, 896, 1)]
+)
+def test_kernel_matches_numpy_within_the_int8_activation_bound(
+    native, name, threads, n_out, n_in, rows
+):
+    rng = np.random.default_rng(n_out * 7 + rows)
+    raw = weight_bytes(name, n_out, n_in, rng)
+    dense = QMODS[name].dequantize(raw).astype(np.float64)
+    x = rng.standard_normal((rows, n_in)).astype(np.float32)
+    if n_in > 32:
+        x[0, :32] = 0  # an all-zero activation block (scale 0)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = native.matmul(name, torch.from_numpy(raw), torch.from_numpy(x)).numpy()
+    finally:
+        torch.set_num_threads(saved)
+    want = x.astype(np.float64) @ dense.T
+    bound = native_gemv.error_bound(dense, x)
+    assert got.dtype == np.float32 and got.shape == (rows, n_out)
+    assert np.all(np.abs(got - want) <= bound)
+    # and exactly what int8 activations give, up to float32 sums
+    xq = int8_activations(x)
+    scale = np.abs(xq) @ np.abs(dense).T
+    assert np.all(np.abs(got - xq @ dense.T) <= 1e-5 * scale + 1e-30)
+
+
+def test_the_256_bit_path_of_avx_vnni_cpus(native, tmp_path, monkeypatch):
+    # the 512-bit kernels serve this CPU; built without AVX512, the AVX-VNNI path runs
+    if "avx_vnni" not in native_gemv.cpu_flags():
+        pytest.skip("this CPU has no AVX-VNNI")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    narrow = native_gemv.load(native_gemv.build(flags=native_gemv.CFLAGS + ("-mno-avx512f",)))
+    assert narrow.lib.tsr_native_zmm() == 0 and native.lib.tsr_native_zmm() == 1
+    assert native_gemv.self_test(narrow, threads=2)
+    rng = np.random.default_rng(9)
+    for name in ("Q8_0", "Q4_0"):
+        raw = weight_bytes(name, 19, 128, rng)
+        x = torch.from_numpy(rng.standard_normal((5, 128)).astype(np.float32))
+        got = narrow.matmul(name, torch.from_numpy(raw), x).numpy()
+        want = native.matmul(name, torch.from_numpy(raw), x).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def int8_activations(x):
+    """x rounded as the kernel does (float32 steps, round half to even), as float64."""
+    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv)
+    d = (amax / np.float32(127)).astype(np.float32)
+    return (q.astype(np.float64) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_activations_in_and_out(native, dtype):
+    rng = np.random.default_rng(5)
+    raw = weight_bytes("Q4_0", 21, 128, rng)
+    dense = quant_q4_0.dequantize(raw).astype(np.float64)
+    x = torch.from_numpy(rng.standard_normal((2, 128)).astype(np.float32)).to(dtype)
+    got = native.matmul("Q4_0", torch.from_numpy(raw), x)
+    assert got.dtype == dtype
+    xs = x.float().numpy()
+    want = xs.astype(np.float64) @ dense.T
+    bound = native_gemv.error_bound(dense, xs) + 2.0**-8 * np.abs(want)
+    assert np.all(np.abs(got.float().numpy() - want) <= bound)
+
+
+def test_non_contiguous_activations(native):
+    rng = np.random.default_rng(6)
+    raw = weight_bytes("Q8_0", 9, 64, rng)
+    x = torch.from_numpy(rng.standard_normal((64, 3)).astype(np.float32)).T  # (3, 64) strided
+    got = native.matmul("Q8_0", torch.from_numpy(raw), x)
+    want = native.matmul("Q8_0", torch.from_numpy(raw), x.contiguous())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_torch_kernels_use_it_for_decode_and_the_switch_turns_it_off(native, name, monkeypatch):
+    rng = np.random.default_rng(8)
+    raw_bytes = weight_bytes(name, 40, 128, rng)
+    raw = RawTensor("w", RUNTIME.quant_type_by_name(name).ggml_type, (40, 128), raw_bytes)
+    qt = RUNTIME.quant_type_by_name(name)
+    dense = qt.dequantize_tensor(raw.data, raw.shape).astype(np.float64)
+    x = rng.standard_normal((300, 128)).astype(np.float32)
+    on = backend()
+    w_on = on.load_weight(raw, qt)
+    assert w_on.native is not None
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+    off = backend()
+    w_off = off.load_weight(raw, qt)
+    assert w_off.native is None
+    assert native_gemv.status(off).reason == "disabled by TESSERA_NATIVE_DISABLE"
+    for rows in (1, 5, 300):  # native on: decode rows native, prefill rows the torch path
+        want = x[:rows].astype(np.float64) @ dense.T
+        for b, w in ((on, w_on), (off, w_off)):
+            got = b.to_numpy(b.matmul(b.from_numpy(x[:rows]), w))
+            assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    same = on.to_numpy(on.matmul(on.from_numpy(x[:300]), w_on))
+    np.testing.assert_array_equal(same, off.to_numpy(off.matmul(off.from_numpy(x[:300]), w_off)))
+
+
+def test_f32_compute_keeps_the_exact_paths(monkeypatch):
+    monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
+    b = backend("f32")
+    assert native_gemv.probe(b) is None
+    assert "f32" in native_gemv.status(b).reason
+
+
+VNNI_CPU = {"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"}
+
+
+def test_no_compiler_falls_back_to_the_torch_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: VNNI_CPU)  # get to the compiler
+    monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no library built before
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    b = backend()
+    assert native_gemv.probe(b) is None
+    assert native_gemv.status(b).reason.startswith("build or load failed")
+    raw, qt = quantized_raw("Q4_0")
+    w = b.load_weight(raw, qt)
+    assert w.native is None and b.placements[-1][1] == "kernel Q4_0"
+    x = np.random.default_rng(2).standard_normal((1, 64)).astype(np.float32)
+    want = x @ qt.dequantize_tensor(raw.data, raw.shape).T
+    got = b.to_numpy(b.matmul(b.from_numpy(x), w))
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    assert list(tmp_path.rglob("*.so")) == []
+
+
+def test_failing_compiler_and_missing_cpu_flags_fall_back(tmp_path, monkeypatch):
+    cc = tmp_path / "cc"
+    cc.write_text('#!/bin/sh\n[ "$1" = --version ] && echo fake-cc 1 && exit 0\nexit 1\n')
+    cc.chmod(0o755)
+    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: VNNI_CPU)
+    monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", str(cc))
+    b = backend()
+    assert native_gemv.probe(b) is None and "failed" in native_gemv.status(b).reason
+    assert not [p for p in (tmp_path / "tessera" / "native").iterdir()]  # no temp file left
+    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    b = backend()
+    assert native_gemv.probe(b) is None and "VNNI" in native_gemv.status(b).reason
+
+
+def test_a_library_that_dies_in_the_child_process_falls_back(native, tmp_path, monkeypatch):
+    # as a build with instructions the CPU refuses would: SIGILL in the child, not here
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native_gemv, "_SMOKE", "import os; os.kill(os.getpid(), 4)")
+    b = backend()
+    assert native_gemv.probe(b) is None
+    assert "failed in a test process (exit -4)" in native_gemv.status(b).reason
+    assert not list(tmp_path.rglob("*.ok"))
+
+
+def test_build_is_cached_and_written_whole(tmp_path, monkeypatch, native):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = native_gemv.build()
+    assert first.parent == tmp_path / "tessera" / "native" and first.suffix == ".so"
+    mtime = first.stat().st_mtime_ns
+    assert native_gemv.build() == first and first.stat().st_mtime_ns == mtime
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
+    assert native_gemv.self_test(native_gemv.load(first))
+
+
+def quantized_raw(name, shape=(24, 64)):
+    qt = RUNTIME.quant_type_by_name(name)
+    values = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    return RawTensor("blk.0.ffn_up.weight", qt.ggml_type, shape, qt.quantize_tensor(values)), qt
+
+
+# -- a model: the trained default model quantized, torch bf16 + native vs numpy ----------
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_0"])
+def quantized_model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("native") / f"default-{request.param}.gguf"
+    quantize_model(default_model_path(), path, request.param, RUNTIME)
+    return path
+
+
+def test_model_decode_matches_the_numpy_backend(native, quantized_model, monkeypatch):
+    calls = []
+    original = native_gemv.NativeGemv.matmul
+
+    def counted(self, kind, w, x):
+        calls.append(kind)
+        return original(self, kind, w, x)
+
+    monkeypatch.setattr(native_gemv.NativeGemv, "matmul", counted)
+    ref = load_model(quantized_model, RUNTIME, "numpy")
+    fast = load_model(quantized_model, RUNTIME, "torch", dtype="bf16")
+    prompt = ref.tokenizer.encode("The for statement")  # a code model: clear top tokens
+
+    def greedy(model):
+        ctx = Context(model, ContextParams(n_ctx=128))
+        return list(generate(ctx, prompt, 16, Sampler(SamplerParams(temperature=0))))
+
+    tokens = greedy(ref)
+    assert greedy(fast) == tokens
+    assert len(calls) > 16  # decode went through the native kernels
+    # logits of one decode step after the prompt and the generated text
+    logits = []
+    for model in (ref, fast):
+        ctx = Context(model, ContextParams(n_ctx=128))
+        ctx.decode(Batch.for_sequence(prompt + tokens[:-1]))
+        batch = Batch.for_sequence([tokens[-1]], start_pos=len(prompt) + len(tokens) - 1)
+        logits.append(ctx.decode(batch)[-1])
+    assert np.abs(logits[1] - logits[0]).max() <= 0.05 * np.abs(logits[0]).max()
