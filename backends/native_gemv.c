@@ -1,4 +1,5 @@
-/* Decode matmuls (a few activation rows) straight from GGUF Q8_0 / Q4_0 block bytes.
+/* Decode matmuls (a few activation rows) straight from GGUF Q8_0 / Q4_0 block bytes, and
+ * Q4_0 dequantization for prefill (tsr_dequant_q4_0, at the end).
  *
  * Built and loaded by tessera/backends/native_gemv.py (cc -O3 -march=native -fopenmp).
  * The activation rows are quantized to int8 blocks of 32 with one float scale each (as
@@ -51,7 +52,7 @@
 #define TSR_ZMM 0
 #endif
 
-int tsr_native_abi(void) { return 2; }
+int tsr_native_abi(void) { return 3; }
 
 int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
 
@@ -384,6 +385,50 @@ void tsr_gemv_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x,
 void tsr_gemv_q8_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
     gemv(w, n_out, n_in, x, m, y, dtype, n_threads, 34, 128);
+}
+
+/* Eight float32 values to y[i..i+8) in dtype, rounded as torch rounds (to nearest even). */
+static inline void store8(void *y, int64_t i, __m256 v, int dtype) {
+    if (dtype == DT_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+        const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+        _mm_storeu_si128((__m128i *)((uint16_t *)y + i), _mm_packus_epi32(lo, hi));
+    } else if (dtype == DT_F16) {
+        _mm_storeu_si128((__m128i *)((uint16_t *)y + i),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+        _mm256_storeu_ps((float *)y + i, v);
+    }
+}
+
+/* y (n_out, n_in) = the Q4_0 weight in dtype, for prefill matmuls: (n - 8) * d is exact in
+ * float32 (a 4-bit integer times a float16), so the only rounding is the final one, the
+ * same as torch's dequantization path gives, bit for bit. */
+void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, int dtype,
+                      int n_threads) {
+    const int64_t nb = n_in / QK, row_bytes = nb * 18;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+    for (int64_t r = 0; r < n_out; r++) {
+        const uint8_t *blk = w + r * row_bytes;
+        for (int64_t b = 0; b < nb; b++, blk += 18) {
+            const __m256 d = _mm256_set1_ps(f16_scale(blk));
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m128i low = _mm_set1_epi8(0x0F);
+            /* low nibbles are values 0..15 of the block, high nibbles 16..31 */
+            const __m128i halves[2] = {_mm_and_si128(packed, low),
+                                       _mm_and_si128(_mm_srli_epi16(packed, 4), low)};
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 2; k++) {
+                    const __m128i bytes = k ? _mm_srli_si128(halves[h], 8) : halves[h];
+                    const __m256i n = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes),
+                                                       _mm256_set1_epi32(8));
+                    store8(y, r * n_in + b * QK + h * 16 + k * 8,
+                           _mm256_mul_ps(_mm256_cvtepi32_ps(n), d), dtype);
+                }
+        }
+    }
 }
 
 #endif

@@ -3,7 +3,8 @@
 torch's CPU int4 kernel is compute-bound at one activation row, so decode read 4-bit
 weights at about half the memory bandwidth. ``native_gemv.c`` does what llama.cpp does
 instead: it quantizes the few activation rows to int8 blocks of 32 and multiplies them with
-the GGUF block bytes in place using VNNI integer dot products (see the C file).
+the GGUF block bytes in place using VNNI integer dot products (see the C file). It also
+dequantizes Q4_0 for prefill matmuls, bit for bit as the torch ops do, in one pass.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
 ``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
@@ -40,7 +41,7 @@ VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
 COMPUTE_DTYPES = ("bf16", "f16")
-ABI = 2
+ABI = 3
 
 
 class NativeGemv:
@@ -77,6 +78,21 @@ class NativeGemv:
             y.data_ptr(),
             self._dtypes[x.dtype],
             self._threads(),
+        )
+        return y
+
+    def dequantize(self, kind: str, w: Any, dtype: Any) -> Any:
+        """The ``"Q4_0"`` weight ``w`` (uint8 block bytes ``(n_out, row bytes)``, contiguous,
+        CPU) as a dense ``(n_out, n_in)`` tensor of ``dtype``, bit for bit what the torch
+        dequantization gives (prefill matmuls)."""
+        if kind != "Q4_0":
+            raise ValueError(f"no native dequantization for {kind}")
+        if not w.is_contiguous():
+            w = w.contiguous()
+        n_in = w.shape[1] // 18 * 32
+        y = self._empty((w.shape[0], n_in), dtype=dtype)
+        self.lib.tsr_dequant_q4_0(
+            w.data_ptr(), w.shape[0], n_in, y.data_ptr(), self._dtypes[dtype], self._threads()
         )
         return y
 
@@ -150,6 +166,9 @@ for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     fn(w, 9, 128, x, 2, y, 0, 1)
+lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_dequant_q4_0(w, 2, 32, y, 0, 1)
 """
 
 
@@ -181,6 +200,9 @@ def load(path: Path) -> NativeGemv:
     args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
         fn.argtypes, fn.restype = args, None
+    lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.tsr_dequant_q4_0.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_dequant_q4_0.restype = None
     return NativeGemv(lib, path)
 
 
@@ -220,6 +242,11 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                     bound = error_bound(dense, xs) + rounding * np.abs(want)
                     if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
                         return False
+                if name == "Q4_0":  # the prefill dequantization: bit for bit
+                    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                        want_d = torch.from_numpy(dense).to(dtype)
+                        if not torch.equal(native.dequantize(name, raw, dtype), want_d):
+                            return False
     finally:
         torch.set_num_threads(saved)
     return True

@@ -164,6 +164,31 @@ def test_torch_kernels_use_it_for_decode_and_the_switch_turns_it_off(native, nam
     np.testing.assert_array_equal(same, off.to_numpy(off.matmul(off.from_numpy(x[:300]), w_off)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_q4_0_dequantization_is_bit_exact_with_the_torch_path(native, dtype):
+    """Prefill dequantizes Q4_0 natively: every value equals numpy's float32 (q - 8) * d
+    rounded to the compute dtype by torch (odd row counts, extreme codes, a zero block)."""
+    rng = np.random.default_rng(11)
+    for n_out, n_in in ((37, 96), (1, 32), (6, 256)):
+        raw = torch.from_numpy(weight_bytes("Q4_0", n_out, n_in, rng))
+        want = torch.from_numpy(quant_q4_0.dequantize(raw.numpy())).to(dtype)
+        assert torch.equal(native.dequantize("Q4_0", raw, dtype), want)
+    with pytest.raises(ValueError, match="Q8_0"):
+        native.dequantize("Q8_0", raw, dtype)
+
+
+def test_q4_0_rows_of_a_table_are_the_same_with_and_without_native(native, monkeypatch):
+    rng = np.random.default_rng(12)
+    qt = RUNTIME.quant_type_by_name("Q4_0")
+    raw = RawTensor("t", qt.ggml_type, (50, 64), weight_bytes("Q4_0", 50, 64, rng))
+    ids = np.array([0, 7, 49, 7])
+    with_native = backend().load_weight(raw, qt)
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+    without = backend().load_weight(raw, qt)
+    assert with_native.native is not None and without.native is None
+    assert torch.equal(with_native.get_rows(ids), without.get_rows(ids))
+
+
 def test_f32_compute_keeps_the_exact_paths(monkeypatch):
     monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
     b = backend("f32")
