@@ -431,4 +431,47 @@ void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, in
     }
 }
 
+static inline float load1(const void *x, int64_t i, int dtype) {
+    if (dtype == DT_BF16) {
+        const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    if (dtype == DT_F16) return _cvtsh_ss(((const uint16_t *)x)[i]);
+    return ((const float *)x)[i];
+}
+
+/* y (m, n) = x / sqrt(mean(x^2) + eps) * w per row, with float32 statistics as the torch
+ * path computes them (w: float32, or NULL for none); x and y of dtype. Decode runs two per
+ * layer per token: one C call instead of four torch ops. */
+void tsr_rms_norm(const void *x, int64_t m, int64_t n, const float *w, float eps, void *y,
+                  int dtype) {
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t base = r * n;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = load8(x, base + i, dtype);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < n; i++) {
+            const float v = load1(x, base + i, dtype);
+            ss += v * v;
+        }
+        const float scale = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(ss / (float)n + eps)));
+        const __m256 s = _mm256_set1_ps(scale);
+        for (i = 0; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_mul_ps(load8(x, base + i, dtype), s);
+            if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+            store8(y, base + i, v, dtype);
+        }
+        for (; i < n; i++) {
+            const float v = load1(x, base + i, dtype) * scale;
+            store1(y, base + i, w ? v * w[i] : v, dtype);
+        }
+    }
+}
+
 #endif

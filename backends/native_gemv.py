@@ -4,7 +4,8 @@ torch's CPU int4 kernel is compute-bound at one activation row, so decode read 4
 weights at about half the memory bandwidth. ``native_gemv.c`` does what llama.cpp does
 instead: it quantizes the few activation rows to int8 blocks of 32 and multiplies them with
 the GGUF block bytes in place using VNNI integer dot products (see the C file). It also
-dequantizes Q4_0 for prefill matmuls, bit for bit as the torch ops do, in one pass.
+dequantizes Q4_0 for prefill matmuls, bit for bit as the torch ops do, in one pass, and
+runs decode's RMSNorm (float32 statistics) in one call instead of four torch ops.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
 ``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
@@ -96,6 +97,19 @@ class NativeGemv:
         )
         return y
 
+    def rms_norm(self, x: Any, weight_f32: Any, eps: float) -> Any:
+        """RMSNorm of each row of ``x`` (last axis; bf16/f16/f32, CPU) with float32
+        statistics, times ``weight_f32`` (a contiguous float32 tensor, or None)."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        n = x.shape[-1]
+        y = self._empty(x.shape, dtype=x.dtype)
+        w = 0 if weight_f32 is None else weight_f32.data_ptr()
+        self.lib.tsr_rms_norm(
+            x.data_ptr(), x.numel() // n, n, w, eps, y.data_ptr(), self._dtypes[x.dtype]
+        )
+        return y
+
 
 def disabled() -> bool:
     """Whether ``TESSERA_NATIVE_DISABLE`` switches the native kernels off."""
@@ -169,6 +183,9 @@ for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
 lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 lib.tsr_dequant_q4_0(w, 2, 32, y, 0, 1)
+lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+lib.tsr_rms_norm(x, 2, 32, x, 1e-6, y, 0)
 """
 
 
@@ -203,6 +220,9 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.tsr_dequant_q4_0.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.tsr_dequant_q4_0.restype = None
+    lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.tsr_rms_norm.argtypes += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_rms_norm.restype = None
     return NativeGemv(lib, path)
 
 
@@ -242,6 +262,9 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                     bound = error_bound(dense, xs) + rounding * np.abs(want)
                     if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
                         return False
+                if name == "Q8_0":  # RMSNorm: float32 statistics, as the torch path
+                    if not _rms_norm_ok(native, rng):
+                        return False
                 if name == "Q4_0":  # the prefill dequantization: bit for bit
                     for dtype in (torch.float32, torch.bfloat16, torch.float16):
                         want_d = torch.from_numpy(dense).to(dtype)
@@ -249,6 +272,23 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                             return False
     finally:
         torch.set_num_threads(saved)
+    return True
+
+
+def _rms_norm_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native RMSNorm vs torch's (float32 statistics) within one rounding step of the
+    output dtype: only the order of the float32 sum of squares differs."""
+    import torch
+    import torch.nn.functional as F
+
+    steps = ((torch.float32, 1e-6), (torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11))
+    for dtype, step in steps:
+        x = torch.from_numpy(rng.standard_normal((3, 100)).astype(np.float32)).to(dtype)
+        w = torch.from_numpy(rng.random(100).astype(np.float32) + 0.5)
+        want = F.rms_norm(x.float(), (100,), w, 1e-6)
+        got = native.rms_norm(x, w, 1e-6).float()
+        if not torch.all((got - want).abs() <= step * want.abs() + 1e-7):
+            return False
     return True
 
 

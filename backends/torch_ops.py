@@ -60,6 +60,8 @@ class TorchBackend(Backend):
         self._mask_inputs: tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
         self._fused_norm: bool | None = None  # probed on first use
+        self._native_kernels: tuple[Any] | None = None  # (NativeGemv or None,), probed once
+        self._f32_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- capability probe and setup --------------------------------------------------
 
@@ -144,12 +146,33 @@ class TorchBackend(Backend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
+        if x.numel() < NATIVE_NORM_MAX_VALUES and self._native() is not None:
+            # decode: one C call instead of four torch ops (two norms per layer per token)
+            return self._native().rms_norm(x, self._f32_weight(weight), eps)
         if self._fused_norm is None:
             self._fused_norm = fused_rms_norm_ok(self)
         if self._fused_norm:  # one kernel instead of seven: decode runs two per layer
             w = None if weight is None else weight.float()
             return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
         return self._rms_norm_ops(x, weight, eps)
+
+    def _native(self) -> Any:
+        """The native CPU kernels (tessera.backends.native_gemv) or None; probed once."""
+        if self._native_kernels is None:
+            from tessera.backends import native_gemv
+
+            self._native_kernels = (native_gemv.probe(self),)
+        return self._native_kernels[0]
+
+    def _f32_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:
+        """A float32 copy of a norm weight, made once (the weight is kept with it, so its
+        id is not reused while cached)."""
+        if weight is None:
+            return None
+        hit = self._f32_weights.get(id(weight))
+        if hit is None:
+            hit = self._f32_weights[id(weight)] = (weight, weight.float().contiguous())
+        return hit[1]
 
     def _rms_norm_ops(
         self, x: torch.Tensor, weight: torch.Tensor | None, eps: float
@@ -388,6 +411,11 @@ class TorchBackend(Backend):
             with _writable(dsts[0]):
                 torch._foreach_copy_(list(dsts), list(srcs))
 
+
+#: RMSNorm inputs smaller than this (decode, a few rows) run the native kernel where its
+#: probe passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns it off); larger
+#: ones stay on torch's kernel, which uses every thread.
+NATIVE_NORM_MAX_VALUES = 1 << 16
 
 #: ``0`` turns the fused RMSNorm kernel off (the op is then composed of elementwise ops).
 FUSED_NORM_ENV = "TESSERA_TORCH_FUSED_NORM"

@@ -14,6 +14,7 @@ RUNTIME = Runtime()
 @pytest.mark.parametrize("switch", ["", "0"])
 def test_rms_norm_paths_match_numpy(dtype, tol, switch, monkeypatch):
     monkeypatch.setenv("TESSERA_TORCH_FUSED_NORM", switch)
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")  # the torch paths (native: its own test)
     torch_b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
     numpy_b = RUNTIME.create_backend("numpy")
     rng = np.random.default_rng(0)
