@@ -474,4 +474,39 @@ void tsr_rms_norm(const void *x, int64_t m, int64_t n, const float *w, float eps
     }
 }
 
+/* v rounded to dtype and back, as torch rounds the result of every eager op. */
+static inline float round_to(float v, int dtype) {
+    if (dtype == DT_F32) return v;
+    uint16_t h;
+    store1(&h, 0, v, dtype);
+    return load1(&h, 0, dtype);
+}
+
+/* y (t, h, d) = x with its first n_rot values of every head rotated by the angle table
+ * (cos, sin: (t, n_rot / 2) of dtype), pairs (j, j + n_rot/2) when neox, else (2j, 2j+1);
+ * the rest copied. Each product, difference and sum is rounded to dtype, exactly as the
+ * torch path's eager ops round them, so the result is the same bit for bit. */
+void tsr_rope(const void *x, int64_t t, int64_t h, int64_t d, int64_t n_rot, const void *cos,
+              const void *sin, int neox, void *y, int dtype) {
+    const int64_t half = n_rot / 2;
+    const size_t width = dtype == DT_F32 ? 4 : 2;
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t k = 0; k < h; k++) {
+            const int64_t base = (i * h + k) * d;
+            for (int64_t j = 0; j < half; j++) {
+                const int64_t ia = neox ? base + j : base + 2 * j;
+                const int64_t ib = neox ? base + j + half : base + 2 * j + 1;
+                const float a = load1(x, ia, dtype), b = load1(x, ib, dtype);
+                const float c = load1(cos, i * half + j, dtype), s = load1(sin, i * half + j, dtype);
+                const float ac = round_to(a * c, dtype), bs = round_to(b * s, dtype);
+                const float as = round_to(a * s, dtype), bc = round_to(b * c, dtype);
+                store1(y, ia, ac - bs, dtype);
+                store1(y, ib, as + bc, dtype);
+            }
+            if (d > n_rot)
+                memcpy((char *)y + (base + n_rot) * width, (const char *)x + (base + n_rot) * width,
+                       (size_t)(d - n_rot) * width);
+        }
+}
+
 #endif

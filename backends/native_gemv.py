@@ -5,7 +5,8 @@ weights at about half the memory bandwidth. ``native_gemv.c`` does what llama.cp
 instead: it quantizes the few activation rows to int8 blocks of 32 and multiplies them with
 the GGUF block bytes in place using VNNI integer dot products (see the C file). It also
 dequantizes Q4_0 for prefill matmuls, bit for bit as the torch ops do, in one pass, and
-runs decode's RMSNorm (float32 statistics) in one call instead of four torch ops.
+runs decode's RMSNorm (float32 statistics) and RoPE (bit for bit the torch ops' values) in
+one call each instead of several torch ops.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
 ``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
@@ -110,6 +111,20 @@ class NativeGemv:
         )
         return y
 
+    def rope(self, x: Any, cos: Any, sin: Any, n_rot: int, neox: bool) -> Any:
+        """``x`` ``(T, H, D)`` (bf16/f16, CPU) rotated by the angle tables ``cos``/``sin``
+        (``T`` rows of ``n_rot / 2`` values in ``x``'s dtype), bit for bit what the torch
+        backend's eager rope ops give (each product and sum rounded to the dtype)."""
+        x = x.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        y = self._empty(x.shape, dtype=x.dtype)
+        t, h, d = x.shape
+        self.lib.tsr_rope(
+            x.data_ptr(), t, h, d, n_rot, cos.data_ptr(), sin.data_ptr(), int(neox),
+            y.data_ptr(), self._dtypes[x.dtype],
+        )  # fmt: skip
+        return y
+
 
 def disabled() -> bool:
     """Whether ``TESSERA_NATIVE_DISABLE`` switches the native kernels off."""
@@ -186,6 +201,10 @@ lib.tsr_dequant_q4_0(w, 2, 32, y, 0, 1)
 lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                              ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
 lib.tsr_rms_norm(x, 2, 32, x, 1e-6, y, 0)
+lib.tsr_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                         ctypes.c_void_p, ctypes.c_int]
+lib.tsr_rope(x, 2, 2, 8, 8, x, x, 1, y, 1)
 """
 
 
@@ -223,6 +242,9 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.tsr_rms_norm.argtypes += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.tsr_rms_norm.restype = None
+    lib.tsr_rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
+    lib.tsr_rope.argtypes += [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_rope.restype = None
     return NativeGemv(lib, path)
 
 
@@ -263,7 +285,7 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                     if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
                         return False
                 if name == "Q8_0":  # RMSNorm: float32 statistics, as the torch path
-                    if not _rms_norm_ok(native, rng):
+                    if not (_rms_norm_ok(native, rng) and _rope_ok(native, rng)):
                         return False
                 if name == "Q4_0":  # the prefill dequantization: bit for bit
                     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -289,6 +311,29 @@ def _rms_norm_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
         got = native.rms_norm(x, w, 1e-6).float()
         if not torch.all((got - want).abs() <= step * want.abs() + 1e-7):
             return False
+    return True
+
+
+def _rope_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native RoPE vs the same eager ops in torch, bit for bit (both pair layouts, a part
+    of each head left unrotated)."""
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.from_numpy(rng.standard_normal((3, 2, 12)).astype(np.float32)).to(dtype)
+        angle = torch.from_numpy(rng.uniform(-4, 4, (3, 1, 4)))
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+        for neox in (True, False):
+            rot = x[..., :8]
+            if neox:
+                a, b = rot[..., :4], rot[..., 4:]
+                want = torch.cat([a * cos - b * sin, a * sin + b * cos, x[..., 8:]], dim=-1)
+            else:
+                a, b = rot[..., 0::2], rot[..., 1::2]
+                pairs = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+                want = torch.cat([pairs, x[..., 8:]], dim=-1)
+            if not torch.equal(native.rope(x, cos, sin, 8, neox), want):
+                return False
     return True
 
 

@@ -146,7 +146,7 @@ class TorchBackend(Backend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
-        if x.numel() < NATIVE_NORM_MAX_VALUES and self._native() is not None:
+        if x.numel() < NATIVE_SMALL_OP_VALUES and self._native() is not None:
             # decode: one C call instead of four torch ops (two norms per layer per token)
             return self._native().rms_norm(x, self._f32_weight(weight), eps)
         if self._fused_norm is None:
@@ -235,6 +235,8 @@ class TorchBackend(Backend):
 
     def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
         cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors)
+        if x.numel() < NATIVE_SMALL_OP_VALUES and x.dim() == 3 and self._native() is not None:
+            return self._native().rope(x, cos, sin, n_rot, neox)  # decode: one C call
         half = n_rot // 2
         rot, rest = x[..., :n_rot], x[..., n_rot:]
         if neox:
@@ -309,11 +311,20 @@ class TorchBackend(Backend):
         rows = kv_rows.rows
         n_slices, n_rows = rows.shape
         allowed = kv_rows.allowed()
+        q_rows, no_row = np.maximum(kv_rows.q_rows, 0).ravel(), ~allowed.any(-1)
+        identity = np.arange(len(kv_rows.q_index))
+        # None where a step can be skipped (one token decoding over its whole sequence:
+        # every row allowed, no query without rows, queries already in order)
         t: dict[str, Any] = {
-            "q": self._index(np.maximum(kv_rows.q_rows, 0).ravel()),
-            "out": self._index(kv_rows.q_index),
-            "mask": self._tensor(allowed).to(self.torch_device)[:, None],  # (S, 1, Tq, R)
-            "dead": self._tensor(~allowed.any(-1)).to(self.torch_device)[:, None, :, None],
+            "q": None if np.array_equal(q_rows, identity) else self._index(q_rows),
+            "out": None
+            if q_rows.size == len(identity) and np.array_equal(kv_rows.q_index, identity)
+            else self._index(kv_rows.q_index),
+            # (S, 1, Tq, R)
+            "mask": None if allowed.all() else self._tensor(allowed).to(self.torch_device)[:, None],
+            "dead": self._tensor(no_row).to(self.torch_device)[:, None, :, None]
+            if no_row.any()
+            else None,
             "pad": None,
             "span": None,
         }
@@ -340,7 +351,8 @@ class TorchBackend(Backend):
             v = v_cache.index_select(0, t["cells"]).view(n_slices, n_rows, n_head_kv, -1)
             if t["pad"] is not None:  # padding rows read nothing (a -inf mask entry)
                 k, v = k.masked_fill(t["pad"], 0.0), v.masked_fill(t["pad"], 0.0)
-        qs = q.index_select(0, t["q"]).view(n_slices, n_q, n_head, dim)
+        qs = q if t["q"] is None else q.index_select(0, t["q"])
+        qs = qs.view(n_slices, n_q, n_head, dim)
         # (S, H, Tq|R, D): one batched SDPA over all slices; GQA without copying K/V.
         out = F.scaled_dot_product_attention(
             qs.transpose(1, 2),
@@ -350,9 +362,11 @@ class TorchBackend(Backend):
             scale=scale,
             enable_gqa=n_head != n_head_kv,
         )
-        out = out.masked_fill(t["dead"], 0.0)  # a query with no allowed row gives zeros
+        if t["dead"] is not None:
+            out = out.masked_fill(t["dead"], 0.0)  # a query with no allowed row gives zeros
         out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
-        return out.index_select(0, t["out"]).reshape(n_tokens, -1)
+        out = out if t["out"] is None else out.index_select(0, t["out"])
+        return out.reshape(n_tokens, -1)
 
     def moe_ffn(self, x, expert_ids, expert_weights, experts):
         from tessera.backends.torch_moe import moe_ffn
@@ -412,10 +426,10 @@ class TorchBackend(Backend):
                 torch._foreach_copy_(list(dsts), list(srcs))
 
 
-#: RMSNorm inputs smaller than this (decode, a few rows) run the native kernel where its
-#: probe passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns it off); larger
-#: ones stay on torch's kernel, which uses every thread.
-NATIVE_NORM_MAX_VALUES = 1 << 16
+#: RMSNorm and RoPE inputs smaller than this (decode, a few rows) run the native kernels
+#: where their probe passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns them
+#: off); larger ones stay on torch's kernels, which use every thread.
+NATIVE_SMALL_OP_VALUES = 1 << 16
 
 #: ``0`` turns the fused RMSNorm kernel off (the op is then composed of elementwise ops).
 FUSED_NORM_ENV = "TESSERA_TORCH_FUSED_NORM"

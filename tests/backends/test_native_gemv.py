@@ -215,6 +215,28 @@ def test_decode_rms_norm_runs_natively_and_matches_numpy(native, dtype, monkeypa
     assert len([s for s in calls if s[-1] == 900]) == 4
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_decode_rope_runs_natively_and_equals_the_torch_ops(
+    native, dtype, neox, n_rot, monkeypatch
+):
+    """Bit for bit the torch path's result (each product and sum rounded to the dtype), at
+    large positions, with part of each head unrotated when n_rot < head_dim."""
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    positions = np.array([0, 7, 100_000])
+    calls = []
+    monkeypatch.setattr(type(native), "rope", _spy(type(native).rope, calls))
+    on = backend(dtype)
+    got = on.rope(on.from_numpy(x), positions, n_rot, 10000.0, neox)
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+    off = backend(dtype)
+    want = off.rope(off.from_numpy(x), positions, n_rot, 10000.0, neox)
+    assert [s for s in calls if s[-1] == 64] == [(3, 4, 64)]  # on used it; off did not
+    assert torch.equal(got, want)
+
+
 def _spy(fn, calls):
     def spy(*args, **kwargs):
         calls.append(args[1].shape)
