@@ -37,6 +37,8 @@ def driver():
     if missing:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"browser tests cannot run in CI: {missing}")
+        # Real skip, outside CI only: a developer machine without Chromium (make test
+        # installs it); in CI the same condition fails above.
         pytest.skip(missing)
     os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download a driver
     from selenium import webdriver
