@@ -94,16 +94,12 @@ def hf_config(model: Any) -> Any:
     """A transformers config of a loaded tessera llama/qwen2/qwen3 model (same shape)."""
     from transformers import AutoConfig
 
+    from tessera.arch import HF_DIM_NAMES, hf_dims
+
     c = model.config
     return AutoConfig.for_model(
         c.arch,
-        vocab_size=c.n_vocab,
-        hidden_size=c.n_embd,
-        intermediate_size=c.n_ff,
-        num_hidden_layers=c.n_layer,
-        num_attention_heads=c.n_head,
-        num_key_value_heads=c.n_head_kv,
-        head_dim=c.head_dim,
+        **hf_dims({name: getattr(c, name) for name in HF_DIM_NAMES}),
         rope_theta=c.rope_freq_base,
         rms_norm_eps=c.rms_eps,
         tie_word_embeddings=c.tied_embeddings,

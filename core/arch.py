@@ -214,3 +214,50 @@ class Architecture(ABC):
         cannot be split (the default). Raise :class:`tessera.errors.TesseraError` when this
         config cannot be split ``world_size`` ways (heads that do not divide)."""
         return None
+
+
+class EncoderArchitecture(Architecture):
+    """Base of encoder-only architectures (BERT, EmbeddingGemma): bidirectional attention
+    over whole inputs, no KV cache, and the pooling stored in the config's
+    ``pooling_type``; subclasses implement the rest of :class:`Architecture`."""
+
+    def kv_layout(self, config: Any) -> list[KVLayerLayout | None]:
+        return [None] * config.n_layer  # an encoder keeps no KV cache
+
+    def causal_attention(self, config: Any) -> bool:
+        return False
+
+    def pooling_type(self, config: Any) -> str:
+        return config.pooling_type
+
+
+#: The generic model dimensions (GGUF-side names) and their names in HF ``config.json``.
+HF_DIM_NAMES = {
+    "n_vocab": "vocab_size",
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_ff": "intermediate_size",
+    "n_head": "num_attention_heads",
+    "n_head_kv": "num_key_value_heads",
+    "head_dim": "head_dim",
+}
+
+
+def dims_from_hf(hf: Mapping[str, Any]) -> dict[str, int]:
+    """The generic dimensions of an HF ``config.json``: KV heads default to the query
+    heads (no GQA) and the head width to hidden size / heads, as transformers does."""
+    n_head = int(hf["num_attention_heads"])
+    return {
+        "n_vocab": int(hf["vocab_size"]),
+        "n_embd": int(hf["hidden_size"]),
+        "n_layer": int(hf["num_hidden_layers"]),
+        "n_ff": int(hf["intermediate_size"]),
+        "n_head": n_head,
+        "n_head_kv": int(hf.get("num_key_value_heads") or n_head),
+        "head_dim": int(hf.get("head_dim") or hf["hidden_size"] // n_head),
+    }
+
+
+def hf_dims(dims: Mapping[str, Any]) -> dict[str, Any]:
+    """The HF ``config.json`` fields of those of ``dims`` that have one (others ignored)."""
+    return {HF_DIM_NAMES[name]: value for name, value in dims.items() if name in HF_DIM_NAMES}

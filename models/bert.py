@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from tessera.arch import Architecture, KVLayerLayout, check_tensors, metadata_key
+from tessera.arch import EncoderArchitecture, check_tensors, metadata_key
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.bert_graph import BertGraph
@@ -101,7 +101,7 @@ def _hf_pooling(hf: Mapping[str, Any]) -> str:
     return "cls"
 
 
-class BertArchitecture(Architecture):
+class BertArchitecture(EncoderArchitecture):
     names = ("bert",)
     hf_model_types = ("bert",)
 
@@ -253,15 +253,6 @@ class BertArchitecture(Architecture):
             ("attention", {"n_head": c.n_head, "n_head_kv": c.n_head, "head_dim": c.head_dim}),
             ("gelu", {}),
         ]
-
-    def kv_layout(self, c: BertConfig) -> list[KVLayerLayout | None]:
-        return [None] * c.n_layer  # an encoder keeps no KV cache
-
-    def causal_attention(self, c: BertConfig) -> bool:
-        return False
-
-    def pooling_type(self, c: BertConfig) -> str:
-        return c.pooling_type
 
     def build(self, c: BertConfig, weights: Mapping[str, Any], backend: Any) -> BertGraph:
         check_tensors("bert", self.tensor_shapes(c), weights)

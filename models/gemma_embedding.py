@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.arch import Architecture, KVLayerLayout, check_tensors, metadata_key
+from tessera.arch import EncoderArchitecture, check_tensors, dims_from_hf, metadata_key
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.gemma_embedding_graph import ROPE_BASE_LOCAL, GemmaEmbeddingGraph
@@ -81,7 +81,7 @@ _HF_GLOBAL_NAMES = {
 }
 
 
-class GemmaEmbeddingArchitecture(Architecture):
+class GemmaEmbeddingArchitecture(EncoderArchitecture):
     names = (ARCH,)
     hf_model_types = ("gemma3_text",)
 
@@ -143,15 +143,8 @@ class GemmaEmbeddingArchitecture(Architecture):
                 )
         if float(local.get("rope_theta", ROPE_BASE_LOCAL)) != ROPE_BASE_LOCAL:
             raise ModelFileError("a local RoPE base other than 10000 cannot be stored in GGUF")
-        n_head = int(hf["num_attention_heads"])
         return GemmaEmbeddingConfig(
-            n_vocab=int(hf["vocab_size"]),
-            n_embd=int(hf["hidden_size"]),
-            n_layer=int(hf["num_hidden_layers"]),
-            n_ff=int(hf["intermediate_size"]),
-            n_head=n_head,
-            n_head_kv=int(hf.get("num_key_value_heads") or n_head),
-            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // n_head),
+            **dims_from_hf(hf),
             n_ctx_train=int(hf.get("max_position_embeddings", 2048)),
             rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_freq_base=float(full.get("rope_theta", hf.get("rope_theta", 1_000_000.0))),
@@ -253,15 +246,6 @@ class GemmaEmbeddingArchitecture(Architecture):
             ("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}),
             ("gelu", {}),
         ]
-
-    def kv_layout(self, c: GemmaEmbeddingConfig) -> list[KVLayerLayout | None]:
-        return [None] * c.n_layer  # an encoder keeps no KV cache
-
-    def causal_attention(self, c: GemmaEmbeddingConfig) -> bool:
-        return False
-
-    def pooling_type(self, c: GemmaEmbeddingConfig) -> str:
-        return c.pooling_type
 
     def build(self, c: GemmaEmbeddingConfig, weights: Mapping[str, Any], backend: Any) -> Any:
         check_tensors(ARCH, self.tensor_shapes(c), weights)

@@ -16,7 +16,14 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.arch import Architecture, ForwardInput, KVLayerLayout, check_tensors, metadata_key
+from tessera.arch import (
+    Architecture,
+    ForwardInput,
+    KVLayerLayout,
+    check_tensors,
+    dims_from_hf,
+    metadata_key,
+)
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 
@@ -146,16 +153,9 @@ class LlamaArchitecture(Architecture):
                 f"RoPE scaling type '{rope_type}' is not supported yet by the llama "
                 "architecture plugin; use a model with default or linear RoPE"
             )
-        n_head = int(hf["num_attention_heads"])
         return LlamaConfig(
             arch=arch,
-            n_vocab=int(hf["vocab_size"]),
-            n_embd=int(hf["hidden_size"]),
-            n_layer=int(hf["num_hidden_layers"]),
-            n_ff=int(hf["intermediate_size"]),
-            n_head=n_head,
-            n_head_kv=int(hf.get("num_key_value_heads") or n_head),
-            head_dim=int(hf.get("head_dim") or hf["hidden_size"] // n_head),
+            **dims_from_hf(hf),
             n_ctx_train=int(hf.get("max_position_embeddings", 4096)),
             rope_freq_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             rope_freq_scale=1.0 / float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,

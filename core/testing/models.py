@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.arch import hf_dims
 from tessera.gguf_writer import encode_tensor, storage_types, write_gguf
 
 #: Generic model sizes (GGUF terms), overridable one by one.
@@ -269,13 +270,7 @@ def make_hf_dir(
     vocab = default_vocab()
     d = _dims(size, dims, vocab.n_vocab)
     hf = {
-        "vocab_size": d["n_vocab"],
-        "hidden_size": d["n_embd"],
-        "num_hidden_layers": d["n_layer"],
-        "num_attention_heads": d["n_head"],
-        "num_key_value_heads": d["n_head_kv"],
-        "intermediate_size": d["n_ff"],
-        "head_dim": d.get("head_dim", d["n_embd"] // d["n_head"]),
+        **hf_dims({"head_dim": d["n_embd"] // d["n_head"], **d}),
         "max_position_embeddings": 512,
         "tie_word_embeddings": tie_word_embeddings,
         "bos_token_id": vocab.eos_token_id,
