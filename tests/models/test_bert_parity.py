@@ -156,32 +156,12 @@ def test_sentence_transformers_dense_module_is_applied_after_pooling(tmp_path):
     """A BERT sentence-transformers folder with a Dense projection: mean pool, then W."""
     import json
 
-    from safetensors.torch import save_file
+    from tessera.testing.models import write_sentence_transformers_modules
 
     folder, model = make_bert_hf_dir(tmp_path / "st-dense", seed=3)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-    ]
-    (folder / "modules.json").write_text(json.dumps(modules))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
-    (folder / "2_Dense").mkdir()
     w = torch.randn(32, 64) * 0.1
-    save_file({"linear.weight": w}, str(folder / "2_Dense" / "model.safetensors"))
-    cfg = {
-        "in_features": 64,
-        "out_features": 32,
-        "bias": False,
-        "activation_function": "torch.nn.modules.linear.Identity",
-    }
-    (folder / "2_Dense" / "config.json").write_text(json.dumps(cfg))
+    write_sentence_transformers_modules(folder, [w.numpy()])
+    cfg = json.loads((folder / "2_Dense" / "config.json").read_text())
     hidden, mask = _hf_hidden(folder, model, SENTENCES)
     mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
     gguf = convert_hf_to_gguf(folder, tmp_path / "st-dense.gguf", RUNTIME, "f32")

@@ -10,20 +10,17 @@ the converted GGUF, on every backend, within 1e-4.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import save_file
 
 from tessera.embedding import Embedder
 from tessera.errors import TesseraError
 from tessera.model import load_model
 from tessera.plugins.convert import convert_hf_to_gguf
 from tessera.runtime import Runtime
-from tessera.testing.models import WEIGHT_STD
+from tessera.testing.models import WEIGHT_STD, write_sentence_transformers_modules
 
 RUNTIME = Runtime()
 BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
@@ -52,39 +49,11 @@ def make_embedding_gemma_dir(path):
                 param.add_(torch.randn_like(param) * 0.1)
     path.mkdir(parents=True)
     model.save_pretrained(path)
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {
-            "idx": 1,
-            "name": "1",
-            "path": "1_Pooling",
-            "type": "sentence_transformers.models.Pooling",
-        },
-        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
-        {
-            "idx": 4,
-            "name": "4",
-            "path": "4_Normalize",
-            "type": "sentence_transformers.models.Normalize",
-        },
+    weights = [
+        (torch.randn(n_out, n_in) * WEIGHT_STD * 5).numpy()
+        for n_in, n_out in ((64, DENSE), (DENSE, 64))
     ]
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
-    weights = []
-    for folder, (n_in, n_out) in (("2_Dense", (64, DENSE)), ("3_Dense", (DENSE, 64))):
-        (path / folder).mkdir()
-        w = torch.randn(n_out, n_in) * WEIGHT_STD * 5
-        save_file({"linear.weight": w}, str(path / folder / "model.safetensors"))
-        cfg = {
-            "in_features": n_in,
-            "out_features": n_out,
-            "bias": False,
-            "activation_function": "torch.nn.modules.linear.Identity",
-        }
-        (path / folder / "config.json").write_text(json.dumps(cfg))
-        weights.append(w.numpy())
+    write_sentence_transformers_modules(path, weights, normalize=True)
     return model, weights
 
 
