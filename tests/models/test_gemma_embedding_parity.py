@@ -25,17 +25,21 @@ from tessera.testing.models import WEIGHT_STD, write_sentence_transformers_modul
 RUNTIME = Runtime()
 BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
 DENSE = 96
+#: Widths of the tiny Gemma 3 text models here (hidden 64, 4 query / 2 KV heads of 16).
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 
 
 def make_embedding_gemma_dir(path):
     config = transformers.Gemma3TextConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
+        **TINY,
         num_hidden_layers=7,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
         query_pre_attn_scalar=32,
         max_position_embeddings=128,
         sliding_window=8,  # rows see |i - j| < 5 on sliding layers
@@ -92,15 +96,7 @@ def test_pooled_projected_embeddings_match_transformers(checkpoint, source, back
 
 
 def test_causal_gemma3_is_refused(tmp_path):
-    config = transformers.Gemma3TextConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
+    config = transformers.Gemma3TextConfig(**TINY, num_hidden_layers=1)
     transformers.Gemma3TextModel(config).save_pretrained(tmp_path)
     with pytest.raises(TesseraError, match="only bidirectional"):
         load_model(tmp_path, RUNTIME, "numpy")
