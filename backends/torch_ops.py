@@ -60,7 +60,6 @@ class TorchBackend(Backend):
         self._mask_inputs: tuple[np.ndarray, tuple[torch.Tensor, torch.Tensor]] | None = None
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
         self._fused_norm: bool | None = None  # probed on first use
-        self._native_kernels: tuple[Any] | None = None  # (NativeGemv or None,), probed once
         self._f32_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # -- capability probe and setup --------------------------------------------------
@@ -146,9 +145,10 @@ class TorchBackend(Backend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
-        if x.numel() < NATIVE_SMALL_OP_VALUES and self._native() is not None:
+        native = self._native() if x.numel() < NATIVE_SMALL_OP_VALUES else None
+        if native is not None:
             # decode: one C call instead of four torch ops (two norms per layer per token)
-            return self._native().rms_norm(x, self._f32_weight(weight), eps)
+            return native.rms_norm(x, self._f32_weight(weight), eps)
         if self._fused_norm is None:
             self._fused_norm = fused_rms_norm_ok(self)
         if self._fused_norm:  # one kernel instead of seven: decode runs two per layer
@@ -157,12 +157,14 @@ class TorchBackend(Backend):
         return self._rms_norm_ops(x, weight, eps)
 
     def _native(self) -> Any:
-        """The native CPU kernels (tessera.backends.native_gemv) or None; probed once."""
-        if self._native_kernels is None:
+        """The native CPU kernels (tessera.backends.native_gemv) or None; probed once, the
+        answer kept in ``probe_cache["native"]``."""
+        status = self.probe_cache.get("native")
+        if status is None:
             from tessera.backends import native_gemv
 
-            self._native_kernels = (native_gemv.probe(self),)
-        return self._native_kernels[0]
+            status = native_gemv.status(self)
+        return status.gemv
 
     def _f32_weight(self, weight: torch.Tensor | None) -> torch.Tensor | None:
         """A float32 copy of a norm weight, made once (the weight is kept with it, so its
@@ -235,18 +237,10 @@ class TorchBackend(Backend):
 
     def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
         cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors)
-        if x.numel() < NATIVE_SMALL_OP_VALUES and x.dim() == 3 and self._native() is not None:
-            return self._native().rope(x, cos, sin, n_rot, neox)  # decode: one C call
-        half = n_rot // 2
-        rot, rest = x[..., :n_rot], x[..., n_rot:]
-        if neox:
-            a, b = rot[..., :half], rot[..., half:]
-            rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
-        else:
-            pairs = rot.unflatten(-1, (half, 2))
-            a, b = pairs[..., 0], pairs[..., 1]
-            rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
-        return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
+        native = self._native() if x.numel() < NATIVE_SMALL_OP_VALUES and x.dim() == 3 else None
+        if native is not None:
+            return native.rope(x, cos, sin, n_rot, neox)  # decode: one C call
+        return rotate(x, cos, sin, n_rot, neox)
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(x)
@@ -424,6 +418,24 @@ class TorchBackend(Backend):
         if dsts:
             with _writable(dsts[0]):
                 torch._foreach_copy_(list(dsts), list(srcs))
+
+
+def rotate(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rot: int, neox: bool
+) -> torch.Tensor:
+    """RoPE's rotation of the first ``n_rot`` values of each head of ``x`` by the angle
+    tables ``cos``/``sin`` (broadcast against ``(..., n_rot / 2)``): pairs ``(j, j +
+    n_rot/2)`` when ``neox``, else ``(2j, 2j + 1)``; eager ops, each rounded to x's dtype."""
+    half = n_rot // 2
+    rot, rest = x[..., :n_rot], x[..., n_rot:]
+    if neox:
+        a, b = rot[..., :half], rot[..., half:]
+        rotated = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+    else:
+        pairs = rot.unflatten(-1, (half, 2))
+        a, b = pairs[..., 0], pairs[..., 1]
+        rotated = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+    return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
 #: RMSNorm and RoPE inputs smaller than this (decode, a few rows) run the native kernels
