@@ -85,3 +85,16 @@ def kernel_matches_reference(
     except Exception:
         return False
     return bool(np.allclose(got, want, rtol=5e-2, atol=5e-2 * np.abs(want).max()))
+
+
+def file_bytes_tensor(a: np.ndarray) -> Any:
+    """A torch CPU tensor sharing the memory of ``a`` (GGUF bytes, usually a read-only view
+    of the memory-mapped file): no copy in RAM. torch warns that it cannot protect
+    read-only memory; kernels only ever read these bytes, so the warning is silenced."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from functools import partial
 from typing import Any
 
@@ -24,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.hookspecs import hookimpl
-from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.quant import QuantType, WeightKernel, file_bytes_tensor, kernel_matches_reference
 
 TESSERA_PLUGIN_API = 1
 
@@ -167,7 +166,6 @@ def dense_min_rows(device_type: str) -> float:
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4_0Weight:
     """Repack GGUF Q4_0 bytes into torch's int4 layout on the backend's device."""
-    import torch
 
     from tessera.backends.native_gemv import probe as native_probe
 
@@ -178,9 +176,7 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4
     d, q = unpack_codes(rows)
     scales = d.reshape(n_out, -1)
     packed, sz = pack_int4(q.reshape(n_out, n_in), scales, np.zeros_like(scales), device, dtype)
-    with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
-        warnings.simplefilter("ignore", UserWarning)
-        raw_rows = torch.from_numpy(rows)
+    raw_rows = file_bytes_tensor(rows)
     if min_rows is None:
         min_rows = dense_min_rows(device.type)
     native = native_probe(backend) if device.type == "cpu" else None

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.hookspecs import hookimpl
-from tessera.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.quant import QuantType, WeightKernel, file_bytes_tensor, kernel_matches_reference
 
 TESSERA_PLUGIN_API = 1
 
@@ -164,11 +163,10 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
     scales = torch.from_numpy(d).to(device=device, dtype=dtype)
     min_rows = dense_min_rows(backend) if min_rows is None else min_rows
     native = native_probe(backend) if device.type == "cpu" else None
+    in_file = file_bytes_tensor(blocks)  # (n_out, n_blocks, 34), the file's own bytes
+    codes = in_file[..., 2:].view(torch.int8)
     if native is not None:  # decode reads the file's bytes in place; prefill dequantizes
-        with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
-            warnings.simplefilter("ignore", UserWarning)
-            raw_rows = torch.from_numpy(blocks.reshape(n_out, -1))
-        codes = raw_rows.view(n_out, -1, TYPE_SIZE)[..., 2:].view(torch.int8)
+        raw_rows = in_file.view(n_out, -1)
         return TorchQ8_0Weight(codes, scales, dtype, None, min_rows, (native, raw_rows))
     ops = int4_ops(device.type)
     if min_rows <= 0 or ops is None:
@@ -176,9 +174,6 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
         return TorchQ8_0Weight(torch.from_numpy(q).to(device), scales, dtype, None, min_rows)
     halves = split_int4(blocks[..., 2:].view(np.int8).reshape(n_out, -1), d[..., 0].astype("f4"))
     int4 = (ops[1], *(pack_int4(c, s, z, device, dtype) for c, s, z in halves))
-    with warnings.catch_warnings():  # a read-only mmap view; it is only ever read
-        warnings.simplefilter("ignore", UserWarning)
-        codes = torch.from_numpy(blocks)[..., 2:].view(torch.int8)
     return TorchQ8_0Weight(codes, scales, dtype, int4, min_rows)
 
 
