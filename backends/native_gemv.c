@@ -22,6 +22,7 @@
  * (memory-mapped file bytes), never copied.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 #define QK 32
 #define ROWS 4   /* weight rows per pass over an activation row */
 #define MI_MAX 4 /* activation rows sharing one unpacking of the weight blocks */
+#define GEMV_MAX_WEIGHTS 8 /* weights in one tsr_gemv_n call */
 #ifndef PREFETCH
 /* Bytes ahead in each weight row: far enough to cross 4 KiB pages, where the hardware
  * prefetchers stop (the file's pages are not huge pages); 16 KiB measured best, 512 B
@@ -52,7 +54,7 @@
 #define TSR_ZMM 0
 #endif
 
-int tsr_native_abi(void) { return 3; }
+int tsr_native_abi(void) { return 4; }
 
 int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
 
@@ -107,6 +109,17 @@ static inline void store1(void *y, int64_t i, float v, int dtype) {
     } else {
         ((float *)y)[i] = v;
     }
+}
+
+static inline float load1(const void *x, int64_t i, int dtype) {
+    if (dtype == DT_BF16) {
+        const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    if (dtype == DT_F16) return _cvtsh_ss(((const uint16_t *)x)[i]);
+    return ((const float *)x)[i];
 }
 
 /* One block of 32 values to 32 int8 codes: d = max|x| / 127, q = round-to-nearest(x / d). */
@@ -324,21 +337,35 @@ static void zmm_4rows(const uint8_t *w, int64_t row_bytes, int64_t nb, const act
 }
 #endif
 
-static void gemv(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
-                 void *y, int dtype, int n_threads, int type_size, int offset) {
+/* y (m, sum n_outs) = x (m, n_in) @ [W_0; W_1; ...].T (+ the biases): n_w weights of the
+ * same type that read the same activations (Q/K/V, gate/up), quantized once, in one
+ * parallel region over the row groups of all of them. biases[k] is NULL or n_outs[k]
+ * values of dtype, added before the one rounding of each output. */
+static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                   const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                   int dtype, int n_threads, int type_size, int offset) {
     const int64_t nb = n_in / QK, row_bytes = nb * type_size;
-    const int64_t groups = (n_out + ROWS - 1) / ROWS;
+    int64_t first_group[GEMV_MAX_WEIGHTS + 1], col[GEMV_MAX_WEIGHTS + 1];
+    first_group[0] = col[0] = 0;
+    for (int k = 0; k < n_w; k++) {
+        first_group[k + 1] = first_group[k] + (n_outs[k] + ROWS - 1) / ROWS;
+        col[k + 1] = col[k] + n_outs[k];
+    }
+    const int64_t groups = first_group[n_w], width = col[n_w];
     act_q8 a;
     if (!quantize_act(x, dtype, m, n_in, offset, &a)) {
         free_act(&a);
-        for (int64_t i = 0; i < m * n_out; i++) store1(y, i, __builtin_nanf(""), dtype);
+        for (int64_t i = 0; i < m * width; i++) store1(y, i, __builtin_nanf(""), dtype);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
     for (int64_t g = 0; g < groups; g++) {
-        const int64_t r0 = g * ROWS;
+        int k = 0;
+        while (g >= first_group[k + 1]) k++;
+        const int64_t r0 = (g - first_group[k]) * ROWS, n_out = n_outs[k];
         const int64_t n = n_out - r0 < ROWS ? n_out - r0 : ROWS;
-        const uint8_t *wg = w + r0 * row_bytes;
+        const uint8_t *wg = ws[k] + r0 * row_bytes;
+        const void *bias = biases ? biases[k] : NULL;
         float yi[MI_MAX * ROWS];
         for (int64_t i0 = 0; i0 < m; i0 += MI_MAX) {
             const int64_t mi = m - i0 < MI_MAX ? m - i0 : MI_MAX;
@@ -369,7 +396,8 @@ static void gemv(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, i
             }
             for (int64_t i = 0; i < mi; i++)
                 for (int64_t r = 0; r < n; r++)
-                    store1(y, (i0 + i) * n_out + r0 + r, yi[i * ROWS + r], dtype);
+                    store1(y, (i0 + i) * width + col[k] + r0 + r,
+                           yi[i * ROWS + r] + (bias ? load1(bias, r0 + r, dtype) : 0.0f), dtype);
         }
     }
     free_act(&a);
@@ -379,12 +407,24 @@ static void gemv(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, i
  * both of dtype 0 (float32), 1 (bfloat16) or 2 (float16). */
 void tsr_gemv_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
-    gemv(w, n_out, n_in, x, m, y, dtype, n_threads, 18, 8);
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 18, 8);
 }
 
 void tsr_gemv_q8_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
-    gemv(w, n_out, n_in, x, m, y, dtype, n_threads, 34, 128);
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 34, 128);
+}
+
+/* Several weights of one type (type_size 18: Q4_0, 34: Q8_0) on the same activations, their
+ * outputs side by side in y (m, sum n_outs), each plus its bias (NULL entries: none; or
+ * biases NULL). At most GEMV_MAX_WEIGHTS weights; returns 0 when asked for more. */
+int tsr_gemv_n(int type_size, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+               const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+               int dtype, int n_threads) {
+    if (n_w < 1 || n_w > GEMV_MAX_WEIGHTS || (type_size != 18 && type_size != 34)) return 0;
+    gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads, type_size,
+           type_size == 18 ? 8 : 128);
+    return 1;
 }
 
 /* Eight float32 values to y[i..i+8) in dtype, rounded as torch rounds (to nearest even). */
@@ -429,17 +469,6 @@ void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, in
                 }
         }
     }
-}
-
-static inline float load1(const void *x, int64_t i, int dtype) {
-    if (dtype == DT_BF16) {
-        const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
-        float v;
-        memcpy(&v, &u, 4);
-        return v;
-    }
-    if (dtype == DT_F16) return _cvtsh_ss(((const uint16_t *)x)[i]);
-    return ((const float *)x)[i];
 }
 
 /* y (m, n) = x / sqrt(mean(x^2) + eps) * w per row, with float32 statistics as the torch
@@ -509,4 +538,160 @@ void tsr_rope(const void *x, int64_t t, int64_t h, int64_t d, int64_t n_rot, con
         }
 }
 
+
+/* e^x for x <= 0 (softmax of scores minus their max), float32: the exponent split off as
+ * 2^round(x log2 e), e^r of the rest by a degree-7 polynomial (Cephes' expf coefficients),
+ * relative error ~1e-7; below -87 the result is 0 (float32 would be denormal there). */
+static inline __m256 exp_nonpos(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
+                                                         _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* Rows cells[0 .. n) of KV head g of a cache (cells, h_kv, d) of dtype into tile (8, dp) as
+ * float32, zeros past d, for missing rows (n < 8) and for rows not read (cell < 0, or
+ * ok[j] == 0 when ok is given). */
+static void load_tile(const void *cache, const int64_t *cells, int64_t n, const uint8_t *ok,
+                      int64_t h_kv, int64_t g, int64_t d, int64_t dp, int dtype, float *tile) {
+    for (int64_t jj = 0; jj < 8; jj++) {
+        float *row = tile + jj * dp;
+        const int read = jj < n && cells[jj] >= 0 && !(ok && !ok[jj]);
+        const int64_t base = read ? (cells[jj] * h_kv + g) * d : 0;
+        int64_t i = 0;
+        if (read)
+            for (; i + 8 <= d; i += 8) _mm256_storeu_ps(row + i, load8(cache, base + i, dtype));
+        for (; i < dp; i++) row[i] = read && i < d ? load1(cache, base + i, dtype) : 0.0f;
+    }
+}
+
+/* The sums of a[0] .. a[7] as one vector. */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Attention of each query over its own cache rows (the attention_rows op, for few queries).
+ *
+ * q (t, h, d); k_cache (cells, h_kv, d) and v_cache (cells, h_kv, dv), all of dtype; query
+ * head j reads KV head j / (h / h_kv). The queries come in s slices of tq: q_rows (s, tq) is
+ * the query's row of q and out (-1: none), rows (s, r) the cache cells the slice reads (-1:
+ * none), allowed (s, tq, r) bytes, nonzero where the query may read the row (NULL: every
+ * row). Scores and the softmax are float32; each output value is rounded once; a query
+ * with no row gives zeros. out is (t, h * dv).
+ *
+ * One task per query and block of up to HB query heads sharing a KV head: each K and V
+ * row is converted to float32 once for the whole block. */
+#define HB 8
+void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const void *k_cache,
+                        const void *v_cache, int64_t h_kv, int64_t dv, const int64_t *rows,
+                        int64_t s, int64_t r, const int64_t *q_rows, int64_t tq,
+                        const uint8_t *allowed, float scale, void *out, int dtype, int n_threads) {
+    const int64_t group = h / h_kv, blocks = (group + HB - 1) / HB;
+    const int64_t tasks = s * tq * h_kv * blocks;
+    (void)t;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && tasks > 1 && tasks * r * d * HB >= 65536)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t sj = task / (h_kv * blocks), g = task / blocks % h_kv;
+        const int64_t h0 = g * group + task % blocks * HB;
+        const int64_t nh = g * group + group - h0 < HB ? g * group + group - h0 : HB;
+        const int64_t qr = q_rows[sj];
+        if (qr < 0) continue;
+        const int64_t *cells = rows + sj / tq * r;
+        const uint8_t *ok = allowed ? allowed + sj * r : NULL;
+        /* scores (nh, r); the query block (nh, dp) scaled and a tile of 8 K rows (8, dp)
+         * in float32, rows padded with zeros to dp, a multiple of 8 */
+        const int64_t dp = (d + 7) / 8 * 8, dvp = (dv + 7) / 8 * 8, wp = dp > dvp ? dp : dvp;
+        float *score = malloc(sizeof(float) * (size_t)(nh * r + nh * wp + 8 * wp + 8));
+        if (!score) {
+            for (int64_t i = 0; i < nh * dv; i++) store1(out, (qr * h + h0) * dv + i, NAN, dtype);
+            continue;
+        }
+        float *qf = score + nh * r, *tile = qf + nh * wp;
+        for (int64_t hh = 0; hh < nh; hh++)
+            for (int64_t i = 0; i < dp; i++)
+                qf[hh * dp + i] = i < d ? load1(q, (qr * h + h0 + hh) * d + i, dtype) * scale : 0.0f;
+        float m[HB], total[HB];
+        for (int64_t hh = 0; hh < HB; hh++) m[hh] = -INFINITY, total[hh] = 0.0f;
+        for (int64_t j0 = 0; j0 < r; j0 += 8) {
+            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
+            load_tile(k_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, d, dp, dtype, tile);
+            for (int64_t hh = 0; hh < nh; hh++) {
+                __m256 a[8];
+                for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_setzero_ps();
+                for (int64_t i = 0; i < dp; i += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qf + hh * dp + i);
+                    for (int jj = 0; jj < 8; jj++)
+                        a[jj] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(tile + jj * dp + i), a[jj]);
+                }
+                float sums[8];
+                _mm256_storeu_ps(sums, hsum8x8(a));
+                for (int64_t jj = 0; jj < nj; jj++) {
+                    const int64_t j = j0 + jj;
+                    const float sc = cells[j] >= 0 && !(ok && !ok[j]) ? sums[jj] : -INFINITY;
+                    score[hh * r + j0 + jj] = sc;
+                    if (sc > m[hh]) m[hh] = sc;
+                }
+            }
+        }
+        for (int64_t hh = 0; hh < nh; hh++) {
+            if (m[hh] == -INFINITY) continue; /* no row: zeros */
+            float *sr = score + hh * r;
+            const __m256 mv = _mm256_set1_ps(m[hh]);
+            __m256 sum = _mm256_setzero_ps();
+            int64_t j = 0;
+            for (; j + 8 <= r; j += 8) { /* masked rows hold -inf: exp gives 0 */
+                const __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+                _mm256_storeu_ps(sr + j, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            if (j < r) {
+                float tail[8];
+                for (int64_t k = 0; k < 8; k++) tail[k] = j + k < r ? sr[j + k] - m[hh] : -INFINITY;
+                _mm256_storeu_ps(tail, exp_nonpos(_mm256_loadu_ps(tail)));
+                for (int64_t k = 0; j + k < r; k++) sr[j + k] = tail[k];
+                sum = _mm256_add_ps(sum, _mm256_loadu_ps(tail));
+            }
+            total[hh] = hsum(sum);
+        }
+        /* out = p V / sum p, over tiles of 8 V rows converted once for the head block */
+        float *acc = qf; /* the queries are done with: (nh, dvp) sums of p v */
+        for (int64_t i = 0; i < nh * dvp; i++) acc[i] = 0.0f;
+        for (int64_t j0 = 0; j0 < r; j0 += 8) {
+            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
+            load_tile(v_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, dv, dvp, dtype, tile);
+            for (int64_t hh = 0; hh < nh; hh++) {
+                __m256 p[8];
+                for (int jj = 0; jj < 8; jj++)
+                    p[jj] = _mm256_set1_ps(jj < nj && m[hh] > -INFINITY ? score[hh * r + j0 + jj] : 0.0f);
+                for (int64_t i = 0; i < dvp; i += 8) {
+                    __m256 sum = _mm256_loadu_ps(acc + hh * dvp + i);
+                    for (int jj = 0; jj < 8; jj++)
+                        sum = _mm256_fmadd_ps(p[jj], _mm256_loadu_ps(tile + jj * dvp + i), sum);
+                    _mm256_storeu_ps(acc + hh * dvp + i, sum);
+                }
+            }
+        }
+        for (int64_t hh = 0; hh < nh; hh++) {
+            const float inv = total[hh] > 0.0f ? 1.0f / total[hh] : 0.0f;
+            for (int64_t i = 0; i < dv; i++) store1(out, (qr * h + h0 + hh) * dv + i, acc[hh * dvp + i] * inv, dtype);
+        }
+        free(score);
+    }
+}
 #endif

@@ -43,7 +43,11 @@ VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
 COMPUTE_DTYPES = ("bf16", "f16")
-ABI = 3
+ABI = 4
+#: Block bytes per 32 weights of the types the kernels read.
+TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
+#: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
+MAX_WEIGHTS = 8
 
 
 class NativeGemv:
@@ -58,6 +62,7 @@ class NativeGemv:
         self._dtypes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
         self._empty = torch.empty
         self._threads = torch.get_num_threads  # what backend.set_threads (-t) set
+        self._weight_sets: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
     def __repr__(self) -> str:
         return f"NativeGemv({str(self.path)!r})"
@@ -81,6 +86,32 @@ class NativeGemv:
             self._dtypes[x.dtype],
             self._threads(),
         )
+        return y
+
+    def matmul_n(self, kind: str, ws: tuple[Any, ...], x: Any, biases: tuple[Any, ...]) -> Any:
+        """``x`` times several ``kind`` weights at once (block bytes as in :meth:`matmul`, the
+        same ``n_in``; at most :data:`MAX_WEIGHTS`), each plus its bias (a contiguous
+        tensor of ``x``'s dtype, or None): ``(T, sum n_out)``, the outputs side by side.
+        The activations are quantized once and one parallel region covers every row."""
+        if not x.is_contiguous():
+            x = x.contiguous()
+        key = tuple(map(id, ws + biases))
+        args = self._weight_sets.get(key)
+        if args is None:  # ctypes arrays made once per set (layers call with the same one)
+            ptrs = (ctypes.c_void_p * len(ws))(*(w.data_ptr() for w in ws))
+            n_outs = (ctypes.c_int64 * len(ws))(*(w.shape[0] for w in ws))
+            bias_ptrs = (ctypes.c_void_p * len(ws))(
+                *(None if b is None else b.data_ptr() for b in biases)
+            )
+            width = sum(w.shape[0] for w in ws)
+            # the tensors are kept with their addresses, so the ids stay theirs
+            args = self._weight_sets[key] = (ws, biases, ptrs, n_outs, bias_ptrs, width)
+        _, _, ptrs, n_outs, bias_ptrs, width = args
+        y = self._empty((x.shape[0], width), dtype=x.dtype)
+        self.lib.tsr_gemv_n(
+            TYPE_SIZES[kind], len(ws), ptrs, n_outs, bias_ptrs, x.shape[1], x.data_ptr(),
+            x.shape[0], y.data_ptr(), self._dtypes[x.dtype], self._threads(),
+        )  # fmt: skip
         return y
 
     def dequantize(self, kind: str, w: Any, dtype: Any) -> Any:
@@ -111,6 +142,22 @@ class NativeGemv:
         )
         return y
 
+    def attention_rows(
+        self, q: Any, k_cache: Any, v_cache: Any, lists: RowLists, scale: float
+    ) -> Any:
+        """The ``attention_rows`` op for a few queries: ``q`` ``(T, H, D)``, the whole caches
+        ``(cells, Hkv, D|Dv)`` (contiguous, ``q``'s dtype), the ubatch's row lists. Float32
+        scores and softmax, one rounding per output; returns ``(T, H * Dv)``."""
+        q = q.contiguous()
+        t, h, d = q.shape
+        h_kv, dv = v_cache.shape[1], v_cache.shape[2]
+        out = self._empty((t, h * dv), dtype=q.dtype)
+        self.lib.tsr_attention_rows(
+            q.data_ptr(), t, h, d, k_cache.data_ptr(), v_cache.data_ptr(), h_kv, dv,
+            *lists.args, scale, out.data_ptr(), self._dtypes[q.dtype], self._threads(),
+        )  # fmt: skip
+        return out
+
     def rope(self, x: Any, cos: Any, sin: Any, n_rot: int, neox: bool) -> Any:
         """``x`` ``(T, H, D)`` (bf16/f16, CPU) rotated by the angle tables ``cos``/``sin``
         (``T`` rows of ``n_rot / 2`` values in ``x``'s dtype), bit for bit what the torch
@@ -124,6 +171,20 @@ class NativeGemv:
             y.data_ptr(), self._dtypes[x.dtype],
         )  # fmt: skip
         return y
+
+
+class RowLists:
+    """The row lists of a :class:`~tessera.kv_cache.KVRows` as the attention kernel reads
+    them, made once per ubatch: ``rows`` and ``q_rows`` int64, ``allowed`` (S, Tq, R) bool or
+    None when every row is allowed; the arrays are kept alive with their addresses."""
+
+    def __init__(self, rows: np.ndarray, q_rows: np.ndarray, allowed: np.ndarray | None) -> None:
+        self.rows = np.ascontiguousarray(rows, dtype=np.int64)
+        self.q_rows = np.ascontiguousarray(q_rows, dtype=np.int64)
+        self.allowed = None if allowed is None else np.ascontiguousarray(allowed, dtype=np.bool_)
+        (s, r), tq = self.rows.shape, self.q_rows.shape[1]
+        mask = None if self.allowed is None else self.allowed.ctypes.data
+        self.args = (self.rows.ctypes.data, s, r, self.q_rows.ctypes.data, tq, mask)
 
 
 def disabled() -> bool:
@@ -205,6 +266,12 @@ lib.tsr_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes
                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                          ctypes.c_void_p, ctypes.c_int]
 lib.tsr_rope(x, 2, 2, 8, 8, x, x, 1, y, 1)
+rows = (ctypes.c_int64 * 4)(0, 1, 2, -1)
+lib.tsr_attention_rows.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+lib.tsr_attention_rows.argtypes += [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
+lib.tsr_attention_rows.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+lib.tsr_attention_rows.argtypes += [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_attention_rows(x, 1, 2, 8, x, x, 1, 8, rows, 1, 4, rows, 1, None, 0.5, y, 0, 2)
 """
 
 
@@ -245,6 +312,14 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
     lib.tsr_rope.argtypes += [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.tsr_rope.restype = None
+    args = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    args += [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64]
+    args += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_attention_rows.argtypes, lib.tsr_attention_rows.restype = args, None
+    lib.tsr_gemv_n.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3
+    lib.tsr_gemv_n.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    lib.tsr_gemv_n.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_gemv_n.restype = ctypes.c_int
     return NativeGemv(lib, path)
 
 
@@ -284,8 +359,11 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                     bound = error_bound(dense, xs) + rounding * np.abs(want)
                     if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
                         return False
+                if not _matmul_n_ok(native, name, qmod, rng):
+                    return False
                 if name == "Q8_0":  # RMSNorm: float32 statistics, as the torch path
-                    if not (_rms_norm_ok(native, rng) and _rope_ok(native, rng)):
+                    ok = _rms_norm_ok(native, rng) and _rope_ok(native, rng)
+                    if not (ok and _attention_ok(native, rng)):
                         return False
                 if name == "Q4_0":  # the prefill dequantization: bit for bit
                     for dtype in (torch.float32, torch.bfloat16, torch.float16):
@@ -295,6 +373,24 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
     finally:
         torch.set_num_threads(saved)
     return True
+
+
+def _matmul_n_ok(native: NativeGemv, name: str, qmod: Any, rng: np.random.Generator) -> bool:
+    """Three weights (one with a bias) in one call vs numpy, in bfloat16."""
+    import torch
+
+    sizes = (9, 4, 6)
+    ws = [rng.standard_normal((n, 64)).astype(np.float32) for n in sizes]
+    raws = tuple(torch.from_numpy(qmod.quantize(w)) for w in ws)
+    bias = torch.from_numpy(rng.standard_normal(4).astype(np.float32)).bfloat16()
+    x = torch.from_numpy(rng.standard_normal((2, 64)).astype(np.float32)).bfloat16()
+    got = native.matmul_n(name, raws, x, (None, bias, None)).float().numpy()
+    dense = np.concatenate([qmod.dequantize(r.numpy()) for r in raws]).astype(np.float64)
+    xs = x.float().numpy()
+    want = xs.astype(np.float64) @ dense.T
+    want[:, 9:13] += bias.float().numpy()
+    bound = error_bound(dense, xs) + 2.0**-8 * np.abs(want)
+    return got.shape == want.shape and bool(np.all(np.abs(got - want) <= bound))
 
 
 def _rms_norm_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
@@ -328,6 +424,57 @@ def _rope_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
         for neox in (True, False):
             want = rotate(x, cos, sin, 8, neox)
             if not torch.equal(native.rope(x, cos, sin, 8, neox), want):
+                return False
+    return True
+
+
+def attention_reference(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    rows: np.ndarray,
+    q_rows: np.ndarray,
+    allowed: np.ndarray | None,
+    scale: float,
+) -> np.ndarray:
+    """What :meth:`NativeGemv.attention_rows` computes, in float64 numpy."""
+    t, h, _ = q.shape
+    h_kv, dv = v_cache.shape[1:]
+    out = np.zeros((t, h, dv))
+    for (si, j), qr in np.ndenumerate(q_rows):
+        ok = rows[si] >= 0
+        if allowed is not None:
+            ok &= allowed[si, j]
+        if qr < 0 or not ok.any():
+            continue
+        cells = rows[si][ok]
+        for head in range(h):
+            g = head // (h // h_kv)
+            score = k_cache[cells, g].astype(np.float64) @ q[qr, head].astype(np.float64) * scale
+            p = np.exp(score - score.max())
+            out[qr, head] = p @ v_cache[cells, g].astype(np.float64) / p.sum()
+    return out.reshape(t, h * dv)
+
+
+def _attention_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native attention over row lists (padding, a query with no row, GQA, Dv != D, head
+    sizes off the vector width) vs float64 numpy within the output dtype's rounding."""
+    import torch
+
+    rows = np.array([[0, 3, 5, -1, 7], [1, 2, -1, 4, 6]], dtype=np.int64)
+    q_rows = np.array([[2, 0], [1, -1]], dtype=np.int64)
+    allowed = rng.random((2, 2, 5)) < 0.7
+    allowed[1, 0] = False  # ubatch row 1 reads nothing: zeros
+    for dtype, step in ((torch.float32, 1e-5), (torch.bfloat16, 2.0**-8)):
+        q = torch.from_numpy(rng.standard_normal((3, 4, 12)).astype(np.float32)).to(dtype)
+        k = torch.from_numpy(rng.standard_normal((8, 2, 12)).astype(np.float32)).to(dtype)
+        v = torch.from_numpy(rng.standard_normal((8, 2, 9)).astype(np.float32)).to(dtype)
+        for mask in (allowed, None):
+            got = native.attention_rows(q, k, v, RowLists(rows, q_rows, mask), 0.3)
+            got = got.float().numpy()
+            qn, kn, vn = (a.float().numpy() for a in (q, k, v))
+            want = attention_reference(qn, kn, vn, rows, q_rows, mask, 0.3)
+            if not np.all(np.abs(got - want) <= step * np.abs(want) + 1e-5):
                 return False
     return True
 

@@ -129,6 +129,20 @@ class TorchBackend(Backend):
             return F.linear(x, w)
         return w.matmul(x)
 
+    def matmul_n(self, x, weights, biases=None):
+        """One native call for weights that all run the same native kernel at this row
+        count (decode's Q/K/V and gate/up); otherwise one matmul (and add) per weight."""
+        biases = tuple(biases) if biases is not None else (None,) * len(weights)
+        native = self._native() if 1 < len(weights) <= MAX_NATIVE_WEIGHTS else None
+        if native is not None:
+            found = [getattr(w, "native_gemv", _no_native)(x.shape[0]) for w in weights]
+            if all(found) and len({kind for kind, _ in found}) == 1:
+                if all(b is None or (b.dtype == x.dtype and b.is_contiguous()) for b in biases):
+                    raws = tuple(raw for _, raw in found)
+                    y = native.matmul_n(found[0][0], raws, x, biases)
+                    return list(y.split([w.shape[0] for w in weights], dim=1))
+        return super().matmul_n(x, weights, biases)
+
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         if isinstance(w, torch.Tensor):
             return F.embedding(self._index(ids), w)
@@ -322,6 +336,10 @@ class TorchBackend(Backend):
             "pad": None,
             "span": None,
         }
+        if self._native() is not None and len(kv_rows.q_index) <= NATIVE_ATTENTION_QUERIES:
+            from tessera.backends.native_gemv import RowLists
+
+            t["native"] = RowLists(rows, kv_rows.q_rows, None if allowed.all() else allowed)
         if n_slices == 1 and np.array_equal(rows[0], np.arange(rows[0, 0], rows[0, 0] + n_rows)):
             t["span"] = (int(rows[0, 0]), n_rows)  # one sequence in one run: a view, no gather
         else:
@@ -337,6 +355,11 @@ class TorchBackend(Backend):
         n_slices, n_q = kv_rows.q_rows.shape
         n_rows = kv_rows.rows.shape[1]
         t = self._rows_tensors(kv_rows)
+        lists = t.get("native")
+        if lists is not None and q.dtype == k_cache.dtype == v_cache.dtype:
+            if k_cache.is_contiguous() and v_cache.is_contiguous():
+                # decode: one C call reads each query's rows in place (no gather, no mask)
+                return self._native().attention_rows(q, k_cache, v_cache, lists, scale)
         if t["span"] is not None:
             start, length = t["span"]
             k, v = k_cache[start : start + length][None], v_cache[start : start + length][None]
@@ -442,6 +465,18 @@ def rotate(
 #: where their probe passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns them
 #: off); larger ones stay on torch's kernels, which use every thread.
 NATIVE_SMALL_OP_VALUES = 1 << 16
+#: Weights per native matmul_n call (tessera.backends.native_gemv.MAX_WEIGHTS).
+MAX_NATIVE_WEIGHTS = 8
+
+
+def _no_native(n_rows: int) -> None:
+    """``native_gemv`` of weights without a native kernel (plain tensors, other types)."""
+    return None
+
+
+#: attention_rows runs natively for ubatches of at most this many queries (decode, small
+#: batches of sequences); larger ubatches keep SDPA's blocked kernels.
+NATIVE_ATTENTION_QUERIES = 16
 
 #: ``0`` turns the fused RMSNorm kernel off (the op is then composed of elementwise ops).
 FUSED_NORM_ENV = "TESSERA_TORCH_FUSED_NORM"

@@ -53,6 +53,7 @@ OPTIONAL_OPS = (
     "gelu_erf",
     "moe_ffn",
     "linear",
+    "matmul_n",
 )
 
 
@@ -279,6 +280,24 @@ class Backend(ABC):
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement linear")
+
+    def matmul_n(
+        self, x: Any, weights: Sequence[Any], biases: Sequence[Any | None] | None = None
+    ) -> list[Any]:
+        """``[matmul(x, weights[i]) (+ biases[i])]``: several weights that read the same input
+        (an attention layer's Q/K/V, an FFN's gate and up) in one op.
+
+        ``biases`` (or any entry of it) may be None for no bias. Backends that run the list
+        in one call (the input prepared once, one parallel region) answer True to
+        ``supports("matmul_n")``; this default is the per-weight path (:meth:`matmul`,
+        then :meth:`add` for a bias), so architectures may always call it.
+        """
+        biases = biases if biases is not None else [None] * len(weights)
+        out = []
+        for w, bias in zip(weights, biases, strict=True):
+            y = self.matmul(x, w)
+            out.append(y if bias is None else self.add(y, bias))
+        return out
 
     def moe_ffn(
         self, x: Any, expert_ids: np.ndarray, expert_weights: np.ndarray, experts: Any

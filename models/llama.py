@@ -320,9 +320,13 @@ class LlamaGraph:
     def _attention(self, il: int, x: Any, inp: ForwardInput) -> Any:
         b, c, p = self.b, self.c, f"blk.{il}."
         n_tokens = len(inp.tokens)
-        q = self._project(x, p + "attn_q").reshape(n_tokens, c.n_head, c.head_dim)
-        k = self._project(x, p + "attn_k").reshape(n_tokens, c.n_head_kv, c.head_dim)
-        v = self._project(x, p + "attn_v").reshape(n_tokens, c.n_head_kv, c.head_dim)
+        names = (p + "attn_q", p + "attn_k", p + "attn_v")
+        q, k, v = b.matmul_n(
+            x, [self.w[n + ".weight"] for n in names], [self.w.get(n + ".bias") for n in names]
+        )
+        q = q.reshape(n_tokens, c.n_head, c.head_dim)
+        k = k.reshape(n_tokens, c.n_head_kv, c.head_dim)
+        v = v.reshape(n_tokens, c.n_head_kv, c.head_dim)
         if c.qk_norm:
             q = b.rms_norm(q, self.w[p + "attn_q_norm.weight"], c.rms_eps)
             k = b.rms_norm(k, self.w[p + "attn_k_norm.weight"], c.rms_eps)
@@ -360,8 +364,7 @@ class LlamaGraph:
     def _ffn(self, il: int, h: Any) -> Any:
         """SwiGLU FFN of layer ``il`` (tensor parallel overrides it to sum partial outputs)."""
         b, p = self.b, f"blk.{il}."
-        gate = b.matmul(h, self.w[p + "ffn_gate.weight"])
-        up = b.matmul(h, self.w[p + "ffn_up.weight"])
+        gate, up = b.matmul_n(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
         return b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down.weight"])
 
     def _logits(self, x: Any) -> Any:

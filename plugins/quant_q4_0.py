@@ -136,6 +136,11 @@ class TorchQ4_0Weight:
         y = self.mm(x, self.packed, BLOCK_SIZE, self.scales_and_zeros)
         return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
 
+    def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
+        """``("Q4_0", block bytes)`` when a matmul of ``n_rows`` rows runs the native kernel
+        (the backend may then batch it with other weights), else None."""
+        return ("Q4_0", self.raw) if self.native is not None and n_rows < NATIVE_MAX_ROWS else None
+
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch
 

@@ -104,6 +104,13 @@ class TorchQ8_0Weight:
     def _dense(self, codes: Any, scales: Any) -> Any:
         return (codes.to(device=scales.device, dtype=self.dtype) * scales).flatten(-2)
 
+    def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
+        """``("Q8_0", block bytes)`` when a matmul of ``n_rows`` rows runs the native kernel
+        (the backend may then batch it with other weights), else None."""
+        if self.native is None or n_rows >= NATIVE_MAX_ROWS:
+            return None
+        return "Q8_0", self.native[1]
+
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 

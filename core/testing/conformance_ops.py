@@ -461,6 +461,7 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         tanh_case(),
         *moe_ffn_cases(qtypes),
         *linear_cases(qtypes),
+        *matmul_n_cases(qtypes),
     ]
 
 
@@ -483,6 +484,36 @@ def linear_cases(qtypes: list[Any]) -> list[Case]:
                 (7, 48),
             )
         )
+    return cases
+
+
+def matmul_n_cases(qtypes: list[Any]) -> list[Case]:
+    """``matmul_n``: three weights of one type on one input (Q/K/V-like: 48, 16 and 8
+    outputs), biases on two of them; decode (1 row) and a small batch (7 rows)."""
+    cases = []
+    for qt in qtypes:
+        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        for n_tokens in (1, 7):
+            cases.append(
+                Case(
+                    f"matmul_n-{qt.name}-T{n_tokens}-N48+16+8-K{n_in}",
+                    "matmul_n",
+                    {"quant_type": qt.name},
+                    lambda rng, qt=qt, k=n_in, t=n_tokens: {
+                        "x": _normal(rng, t, k),
+                        **{
+                            f"w{i}": Weight(_normal(rng, n, k, scale=0.1), qt)
+                            for i, n in enumerate((48, 16, 8))
+                        },
+                        "b0": _normal(rng, 48),
+                        "b2": _normal(rng, 8),
+                    },
+                    lambda b, a: _flat(
+                        b, b.matmul_n(a["x"], [a["w0"], a["w1"], a["w2"]], [a["b0"], None, a["b2"]])
+                    ),
+                    (n_tokens * 72,),
+                )
+            )
     return cases
 
 

@@ -249,9 +249,143 @@ def test_decode_rope_runs_natively_and_equals_the_torch_ops(
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,dv,n_rows", [(64, 64, 300), (12, 9, 21)])
+def test_attention_rows_kernel_matches_float64(native, threads, dtype, d, dv, n_rows):
+    """Two sequences (slices) with padding, a causal-style mask, GQA 7:1 and 1:1 head blocks,
+    head sizes off the vector width; vs numpy in float64 within the dtype's rounding."""
+    rng = np.random.default_rng(d + n_rows)
+    n_cells, h, h_kv = n_rows + 8, 14, 2
+    rows = np.stack([rng.permutation(n_cells)[:n_rows], rng.permutation(n_cells)[:n_rows]])
+    rows[1, -5:] = -1  # padding
+    q_rows = np.array([[0, 2], [1, -1]])
+    allowed = rng.random((2, 2, n_rows)) < 0.8
+    q = torch.from_numpy(rng.standard_normal((3, h, d)).astype(np.float32) * 2).to(dtype)
+    k = torch.from_numpy(rng.standard_normal((n_cells, h_kv, d)).astype(np.float32)).to(dtype)
+    v = torch.from_numpy(rng.standard_normal((n_cells, h_kv, dv)).astype(np.float32)).to(dtype)
+    qn, kn, vn = (a.float().numpy() for a in (q, k, v))
+    step = {torch.float32: 1e-6, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for mask in (allowed, None):
+            lists = native_gemv.RowLists(rows, q_rows, mask)
+            got = native.attention_rows(q, k, v, lists, 0.2)
+            assert got.dtype == dtype and got.shape == (3, h * dv)
+            want = native_gemv.attention_reference(qn, kn, vn, rows, q_rows, mask, 0.2)
+            # float32 scores: relative 1e-5 of the largest |v|, plus the output's rounding
+            bound = step * np.abs(want) + 2e-5 * np.abs(vn).max()
+            assert np.all(np.abs(got.float().numpy() - want) <= bound)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_decode_attention_runs_natively_and_agrees_with_sdpa(native, dtype, monkeypatch):
+    """Decode over a real cache's row lists: the native kernel (its call seen) against the
+    SDPA path it replaces (native off), within two roundings of the dtype; a prefill-sized
+    ubatch keeps SDPA."""
+    from tessera.backends import torch_ops
+    from tessera.kv_cache import KVCache
+
+    rng = np.random.default_rng(15)
+    n_cells, h, h_kv, d = 200, 8, 2, 64
+    cache = KVCache(None, [None], n_cells, 2)
+    for seq, n in ((0, 150), (1, 40)):
+        cache.commit(cache.find_slot(n), np.arange(n), np.full(n, seq))
+    k = rng.standard_normal((n_cells, h_kv, d)).astype(np.float32)
+    v = rng.standard_normal((n_cells, h_kv, d)).astype(np.float32)
+    big = torch_ops.NATIVE_ATTENTION_QUERIES + 1
+    # decode: seq 0's next token; prefill-sized: seq 1's last `big` tokens
+    ubatches = {
+        1: (np.array([149]), np.array([0])),
+        big: (np.arange(40 - big, 40), np.ones(big, dtype=int)),
+    }
+    qs = {n: rng.standard_normal((n, h, d)).astype(np.float32) for n in ubatches}
+    calls = []
+    monkeypatch.setattr(type(native), "attention_rows", _spy(type(native).attention_rows, calls))
+    results = {}
+    for label in ("on", "off"):
+        if label == "off":
+            monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+        b = backend(dtype)
+        kc, vc = b.from_numpy(k), b.from_numpy(v)
+        for n, (positions, seqs) in ubatches.items():
+            rows = cache.rows(positions, seqs, cache.n_kv())
+            results[label, n] = b.attention_rows(b.from_numpy(qs[n]), kc, vc, rows, 0.125)
+    assert [c for c in calls if c[-1] == d] == [(1, h, d)]  # decode only, native on only
+    step = 2.0**-7 if dtype == "bf16" else 2.0**-10
+    for n in ubatches:
+        on, off = results["on", n].float(), results["off", n].float()
+        assert torch.all((on - off).abs() <= step * off.abs() + 2e-3)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_n_kernel_matches_numpy_with_biases(native, name, threads):
+    rng = np.random.default_rng(16)
+    sizes = (37, 5, 8)
+    raws = tuple(torch.from_numpy(weight_bytes(name, n, 96, rng)) for n in sizes)
+    dense = np.concatenate([QMODS[name].dequantize(r.numpy()) for r in raws]).astype(np.float64)
+    bias = rng.standard_normal(5).astype(np.float32)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (1, 3, 6):
+            x = rng.standard_normal((rows, 96)).astype(np.float32)
+            biases = (None, torch.from_numpy(bias), None)
+            got = native.matmul_n(name, raws, torch.from_numpy(x), biases).numpy()
+            want = x.astype(np.float64) @ dense.T
+            want[:, 37:42] += bias
+            assert got.shape == (rows, 50)
+            assert np.all(np.abs(got - want) <= native_gemv.error_bound(dense, x))
+            # each block equals the single-weight kernel's output (plus its bias)
+            alone = native.matmul(name, raws[1], torch.from_numpy(x)).numpy() + bias
+            np.testing.assert_allclose(got[:, 37:42], alone, rtol=1e-6, atol=1e-6)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_backend_matmul_n_batches_native_weights_only(native, monkeypatch):
+    """The torch backend's matmul_n makes one native call for same-type native weights at
+    decode rows, and falls back per weight for mixed types, dense weights, prefill rows
+    and with the switch off; every path agrees with matmul + add."""
+    rng = np.random.default_rng(17)
+
+    def raw(name, n_out):
+        qt = RUNTIME.quant_type_by_name(name)
+        return RawTensor("w", qt.ggml_type, (n_out, 64), weight_bytes(name, n_out, 64, rng)), qt
+
+    calls = []
+    monkeypatch.setattr(type(native), "matmul_n", _spy(type(native).matmul_n, calls))
+    bias = rng.standard_normal(16).astype(np.float32)
+    b = backend()
+    q4 = [b.load_weight(*raw("Q4_0", n)) for n in (24, 16)]
+    mixed = [q4[0], b.load_weight(*raw("Q8_0", 16))]
+    dense = [q4[0], b.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))]
+    for weights, rows, expect_native in (
+        (q4, 1, True), (q4, 200, False), (mixed, 1, False), (dense, 1, False)
+    ):  # fmt: skip
+        x = b.from_numpy(rng.standard_normal((rows, 64)).astype(np.float32))
+        before = len(calls)
+        ys = b.matmul_n(x, weights, [None, b.from_numpy(bias)])
+        assert (len(calls) > before) == expect_native
+        want = [b.matmul(x, weights[0]), b.add(b.matmul(x, weights[1]), b.from_numpy(bias))]
+        for y, w in zip(ys, want, strict=True):
+            scale = w.float().abs().max()
+            assert y.shape == w.shape and (y.float() - w.float()).abs().max() <= 1e-2 * scale
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+    off = backend()
+    weights = [off.load_weight(*raw("Q4_0", n)) for n in (24, 16)]
+    before = len(calls)
+    off.matmul_n(off.from_numpy(rng.standard_normal((1, 64)).astype(np.float32)), weights)
+    assert len(calls) == before
+
+
 def _spy(fn, calls):
     def spy(*args, **kwargs):
-        calls.append(args[1].shape)
+        calls.append(getattr(args[1], "shape", args[1]))  # a tensor's shape, or matmul_n's kind
         return fn(*args, **kwargs)
 
     return spy
