@@ -263,6 +263,9 @@ class TorchBackend(Backend):
         return F.gelu(x, approximate="tanh")
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        native = self._native() if gate.numel() < NATIVE_SMALL_OP_VALUES else None
+        if native is not None and gate.dtype == up.dtype and gate.shape == up.shape:
+            return native.swiglu(gate, up)  # decode: one C call instead of two torch ops
         return F.silu(gate) * up
 
     def tanh(self, x: torch.Tensor) -> torch.Tensor:
@@ -392,7 +395,10 @@ class TorchBackend(Backend):
 
     def set_rows(self, dst: torch.Tensor, rows: np.ndarray, src: torch.Tensor) -> None:
         with _writable(dst):
-            dst.index_copy_(0, self._index(rows), src.to(dst.dtype))
+            if len(rows) == 1:  # decode: one cell, a view copy (no index tensor)
+                dst[int(rows[0])].copy_(src[0])
+            else:
+                dst.index_copy_(0, self._index(rows), src.to(dst.dtype))
 
     # -- batched transfers -----------------------------------------------------------
 
