@@ -694,22 +694,4 @@ void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const vo
         free(score);
     }
 }
-/* y (n) = silu(gate) * up, the SwiGLU of decode's FFN, of dtype: silu rounded to dtype
- * before the product, as the eager torch ops round it; sigmoid from e^-|g| (never
- * overflows). */
-void tsr_swiglu(const void *gate, const void *up, int64_t n, void *y, int dtype) {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (int64_t i = 0; i < n; i += 8) {
-        const int64_t w = n - i < 8 ? n - i : 8;
-        float g8[8] = {0}, u8[8] = {0}, silu[8];
-        for (int64_t k = 0; k < w; k++) g8[k] = load1(gate, i + k, dtype), u8[k] = load1(up, i + k, dtype);
-        const __m256 g = _mm256_loadu_ps(g8);
-        const __m256 e = exp_nonpos(_mm256_or_ps(g, sign)); /* e^-|g| */
-        const __m256 pos = _mm256_div_ps(one, _mm256_add_ps(one, e));
-        const __m256 neg = _mm256_div_ps(e, _mm256_add_ps(one, e));
-        const __m256 sig = _mm256_blendv_ps(pos, neg, g); /* g's sign bit picks e / (1 + e) */
-        _mm256_storeu_ps(silu, _mm256_mul_ps(g, sig));
-        for (int64_t k = 0; k < w; k++) store1(y, i + k, round_to(silu[k], dtype) * u8[k], dtype);
-    }
-}
 #endif
