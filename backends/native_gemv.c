@@ -694,4 +694,104 @@ void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const vo
         free(score);
     }
 }
+/* v rounded to dtype (to nearest even) and widened back to float32, 8 at a time. */
+static inline __m256 round8(__m256 v, int dtype) {
+    if (dtype == DT_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
+        return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    if (dtype == DT_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return v;
+}
+
+/* y = a + b (n values of dtype, y may be a), or silu(a) * b when swiglu (silu rounded to
+ * dtype before the product, as the eager torch ops round it; sigmoid from e^-|a|). */
+static void elementwise(const void *a, const void *b, int64_t n, void *y, int dtype, int swiglu) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        const int64_t w = n - i < 8 ? n - i : 8;
+        float a8[8] = {0}, b8[8] = {0}, y8[8];
+        for (int64_t k = 0; k < w; k++) a8[k] = load1(a, i + k, dtype), b8[k] = load1(b, i + k, dtype);
+        const __m256 va = _mm256_loadu_ps(a8);
+        if (swiglu) {
+            const __m256 e = exp_nonpos(_mm256_or_ps(va, _mm256_set1_ps(-0.0f)));
+            const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, va), _mm256_add_ps(one, e));
+            _mm256_storeu_ps(y8, _mm256_mul_ps(round8(_mm256_mul_ps(va, sig), dtype), _mm256_loadu_ps(b8)));
+        } else {
+            _mm256_storeu_ps(y8, _mm256_add_ps(va, _mm256_loadu_ps(b8)));
+        }
+        for (int64_t k = 0; k < w; k++) store1(y, i + k, y8[k], dtype);
+    }
+}
+
+/* One pre-norm decoder block of the llama family (RMSNorm, GQA attention with RoPE, SwiGLU
+ * FFN; optional Q/K/V biases and per-head Q/K RMSNorm) for one token, in one call: the
+ * same kernels, in the same order and with the same roundings, as the op-by-op decode path
+ * of the torch backend, without a Python call between them. Weights are GGUF block bytes
+ * (type 18: Q4_0, 34: Q8_0), norms float32, the rest of dtype. */
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    float eps, scale;
+    int neox, type_qkv, type_o, type_ffn_up, type_down;
+    const uint8_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    const void *bq, *bk, *bv;          /* dtype, or NULL */
+    const float *attn_norm, *ffn_norm; /* n_embd */
+    const float *q_norm, *k_norm;      /* head_dim, or NULL */
+    void *k_cache, *v_cache;           /* (cells, n_head_kv, head_dim) of dtype */
+} tsr_block;
+
+/* The token: its RoPE angles (n_rot / 2 values of dtype each), the cache cell its K/V go
+ * to, and the cells it attends to (in position order, its own included). */
+typedef struct {
+    const void *cos, *sin;
+    int64_t cell;
+    const int64_t *rows;
+    int64_t n_rows;
+} tsr_step;
+
+static int offset_of(int type_size) { return type_size == 18 ? 8 : 128; }
+
+/* y (n_embd) = the block applied to x (n_embd); returns 0 when out of memory. */
+int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void *y, int dtype,
+                     int n_threads) {
+    const int64_t es = dtype == DT_F32 ? 4 : 2, n = b->n_embd;
+    const int64_t qd = b->n_head * b->head_dim, kd = b->n_head_kv * b->head_dim;
+    char *buf = malloc((size_t)(es * (4 * n + 3 * qd + 2 * kd + 3 * b->n_ff) + 64));
+    if (!buf) return 0;
+    char *h = buf, *q = h + es * n, *k = q + es * qd, *v = k + es * kd, *qr = v + es * kd;
+    char *att = qr + es * qd, *mid = att + es * qd, *gu = mid + es * n;
+    char *act = gu + es * 2 * b->n_ff, *tmp = act + es * b->n_ff;
+    tsr_rms_norm(x, 1, n, b->attn_norm, b->eps, h, dtype);
+    const uint8_t *qkv_w[3] = {b->wq, b->wk, b->wv};
+    const int64_t qkv_n[3] = {qd, kd, kd};
+    const void *qkv_b[3] = {b->bq, b->bk, b->bv};
+    gemv_n(3, qkv_w, qkv_n, qkv_b, n, h, 1, q, dtype, n_threads, b->type_qkv, offset_of(b->type_qkv));
+    if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype);
+    if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype);
+    char *k_cell = (char *)b->k_cache + es * kd * s->cell;
+    char *v_cell = (char *)b->v_cache + es * kd * s->cell;
+    tsr_rope(q, 1, b->n_head, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, qr, dtype);
+    tsr_rope(k, 1, b->n_head_kv, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, k_cell, dtype);
+    memcpy(v_cell, v, (size_t)(es * kd));
+    const int64_t q_row = 0;
+    tsr_attention_rows(qr, 1, b->n_head, b->head_dim, b->k_cache, b->v_cache, b->n_head_kv,
+                       b->head_dim, s->rows, 1, s->n_rows, &q_row, 1, NULL, b->scale, att, dtype,
+                       n_threads);
+    gemv_n(1, &b->wo, &n, NULL, qd, att, 1, tmp, dtype, n_threads, b->type_o, offset_of(b->type_o));
+    elementwise(x, tmp, n, mid, dtype, 0);
+    tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype);
+    const uint8_t *up_w[2] = {b->w_gate, b->w_up};
+    const int64_t up_n[2] = {b->n_ff, b->n_ff};
+    gemv_n(2, up_w, up_n, NULL, n, h, 1, gu, dtype, n_threads, b->type_ffn_up,
+           offset_of(b->type_ffn_up));
+    elementwise(gu, gu + es * b->n_ff, b->n_ff, act, dtype, 1);
+    gemv_n(1, &b->w_down, &n, NULL, b->n_ff, act, 1, tmp, dtype, n_threads, b->type_down,
+           offset_of(b->type_down));
+    elementwise(mid, tmp, n, y, dtype, 0);
+    free(buf);
+    return 1;
+}
 #endif

@@ -158,6 +158,18 @@ class NativeGemv:
         )  # fmt: skip
         return out
 
+    def block_decode(self, block: BlockStruct, step: StepStruct, x: Any) -> Any:
+        """A whole decoder block for one token (``x`` ``(1, n_embd)``, contiguous, the
+        compute dtype) in one call; writes the token's K/V into the caches."""
+        y = self._empty(x.shape, dtype=x.dtype)
+        ok = self.lib.tsr_block_decode(
+            ctypes.byref(block), ctypes.byref(step), x.data_ptr(), y.data_ptr(),
+            self._dtypes[x.dtype], self._threads(),
+        )  # fmt: skip
+        if not ok:
+            raise MemoryError("the native decoder block could not allocate its buffers")
+        return y
+
     def rope(self, x: Any, cos: Any, sin: Any, n_rot: int, neox: bool) -> Any:
         """``x`` ``(T, H, D)`` (bf16/f16, CPU) rotated by the angle tables ``cos``/``sin``
         (``T`` rows of ``n_rot / 2`` values in ``x``'s dtype), bit for bit what the torch
@@ -171,6 +183,33 @@ class NativeGemv:
             y.data_ptr(), self._dtypes[x.dtype],
         )  # fmt: skip
         return y
+
+
+class BlockStruct(ctypes.Structure):
+    """``tsr_block`` of the C file: one decoder block's shape and weight addresses."""
+
+    _fields_ = [
+        *((f, ctypes.c_int64) for f in ("n_embd", "n_head", "n_head_kv", "head_dim", "n_ff")),
+        ("n_rot", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        *((f, ctypes.c_int) for f in ("neox", "type_qkv", "type_o", "type_ffn_up", "type_down")),
+        *((f, ctypes.c_void_p) for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")),
+        *((f, ctypes.c_void_p) for f in ("bq", "bk", "bv", "attn_norm", "ffn_norm")),
+        *((f, ctypes.c_void_p) for f in ("q_norm", "k_norm", "k_cache", "v_cache")),
+    ]
+
+
+class StepStruct(ctypes.Structure):
+    """``tsr_step`` of the C file: the token's angles, its cache cell and the rows it reads."""
+
+    _fields_ = [
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("cell", ctypes.c_int64),
+        ("rows", ctypes.c_void_p),
+        ("n_rows", ctypes.c_int64),
+    ]
 
 
 class RowLists:
@@ -320,6 +359,8 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_gemv_n.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     lib.tsr_gemv_n.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.tsr_gemv_n.restype = ctypes.c_int
+    lib.tsr_block_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
+    lib.tsr_block_decode.restype = ctypes.c_int
     return NativeGemv(lib, path)
 
 

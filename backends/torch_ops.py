@@ -61,6 +61,7 @@ class TorchBackend(Backend):
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
         self._fused_norm: bool | None = None  # probed on first use
         self._f32_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._block_step: tuple[Any, ...] | None = None  # decoder_block's per-ubatch struct
 
     # -- capability probe and setup --------------------------------------------------
 
@@ -70,6 +71,10 @@ class TorchBackend(Backend):
         if op in ("rope", "rope_ext"):
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
+        if op == "decoder_block":
+            from tessera.backends.torch_block import disabled
+
+            return self._native() is not None and not disabled()
         if op in ("attention", "attention_rows"):
             n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
@@ -384,6 +389,11 @@ class TorchBackend(Backend):
         out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
         out = out if t["out"] is None else out.index_select(0, t["out"])
         return out.reshape(n_tokens, -1)
+
+    def decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions):
+        from tessera.backends.torch_block import decoder_block
+
+        return decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions)
 
     def moe_ffn(self, x, expert_ids, expert_weights, experts):
         from tessera.backends.torch_moe import moe_ffn

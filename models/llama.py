@@ -24,6 +24,7 @@ from tessera.arch import (
     dims_from_hf,
     metadata_key,
 )
+from tessera.decoder_block import DecoderBlock
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 
@@ -311,6 +312,7 @@ class LlamaGraph:
         self.attn_scale = 1.0 / math.sqrt(config.head_dim)
         #: When a list, each forward appends its output rows' last hidden state to it.
         self.hidden_sink: list[Any] | None = None
+        self._blocks: list[DecoderBlock] | None = None  # made on the first decode step
 
     def _project(self, x: Any, name: str) -> Any:
         y = self.b.matmul(x, self.w[name + ".weight"])
@@ -342,8 +344,19 @@ class LlamaGraph:
         b, c = self.b, self.c
         x = b.get_rows(self.w["token_embd.weight"], inp.tokens)
         all_rows = len(inp.output_rows) == len(inp.tokens)
+        blocks = self._decoder_blocks() if len(inp.tokens) == 1 and all_rows else None
         for il in range(c.n_layer):
             p = f"blk.{il}."
+            if blocks is not None and inp.kv.path == "rows":
+                # decode: the whole block in one backend call where the backend can
+                kv = inp.kv
+                y = b.decoder_block(
+                    x, blocks[il], kv.k[il], kv.v[il], int(kv.cells[0]), kv.rows_for(),
+                    inp.positions,
+                )  # fmt: skip
+                if y is not None:
+                    x = y
+                    continue
             attn = self._attention(
                 il, b.rms_norm(x, self.w[p + "attn_norm.weight"], c.rms_eps), inp
             )
@@ -360,6 +373,47 @@ class LlamaGraph:
         if inp.embeddings:
             return x  # embedding mode: the core pools hidden states; no LM head
         return self._logits(x)
+
+    def _decoder_blocks(self) -> list[DecoderBlock] | None:
+        """Each layer as a :class:`DecoderBlock` for the backend's ``decoder_block`` op,
+        made once; None when the backend lacks the op or a subclass changes a block
+        (tensor parallel, MoE FFNs: their blocks are not this one)."""
+        if self._blocks is None:
+            same = type(self)._attention is LlamaGraph._attention
+            same = same and type(self)._ffn is LlamaGraph._ffn
+            if not (same and self.b.supports("decoder_block")):
+                self._blocks = []
+            else:
+                self._blocks = [self._decoder_block(il) for il in range(self.c.n_layer)]
+        return self._blocks or None
+
+    def _decoder_block(self, il: int) -> DecoderBlock:
+        c, w, p = self.c, self.w, f"blk.{il}."
+        return DecoderBlock(
+            attn_norm=w[p + "attn_norm.weight"],
+            wq=w[p + "attn_q.weight"],
+            wk=w[p + "attn_k.weight"],
+            wv=w[p + "attn_v.weight"],
+            wo=w[p + "attn_output.weight"],
+            ffn_norm=w[p + "ffn_norm.weight"],
+            w_gate=w[p + "ffn_gate.weight"],
+            w_up=w[p + "ffn_up.weight"],
+            w_down=w[p + "ffn_down.weight"],
+            bq=w.get(p + "attn_q.bias"),
+            bk=w.get(p + "attn_k.bias"),
+            bv=w.get(p + "attn_v.bias"),
+            q_norm=w.get(p + "attn_q_norm.weight") if c.qk_norm else None,
+            k_norm=w.get(p + "attn_k_norm.weight") if c.qk_norm else None,
+            n_head=c.n_head,
+            n_head_kv=c.n_head_kv,
+            head_dim=c.head_dim,
+            n_rot=c.head_dim,
+            rms_eps=c.rms_eps,
+            rope_freq_base=c.rope_freq_base,
+            rope_freq_scale=c.rope_freq_scale,
+            rope_neox=c.rope_neox,
+            attn_scale=self.attn_scale,
+        )
 
     def _ffn(self, il: int, h: Any) -> Any:
         """SwiGLU FFN of layer ``il`` (tensor parallel overrides it to sum partial outputs)."""

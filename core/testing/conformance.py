@@ -53,6 +53,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope": 2e-5,
         "rope_ext": 2e-5,
         "moe_ffn": 1e-4,
+        "matmul_n": 1e-4,
+        "decoder_block": 1e-4,
     },
     "f16": {
         "default": 2e-3,
@@ -62,6 +64,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope": 4e-3,
         "rope_ext": 4e-3,
         "moe_ffn": 1e-2,
+        "matmul_n": 1e-2,
+        "decoder_block": 1e-2,
     },
     "bf16": {
         "default": 1e-2,
@@ -71,6 +75,8 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope": 2e-2,
         "rope_ext": 2e-2,
         "moe_ffn": 3e-2,
+        "matmul_n": 2e-2,
+        "decoder_block": 3e-2,
     },
 }
 

@@ -499,3 +499,56 @@ def test_model_decode_matches_the_numpy_backend(native, quantized_model, monkeyp
         batch = Batch.for_sequence([tokens[-1]], start_pos=len(prompt) + len(tokens) - 1)
         logits.append(ctx.decode(batch)[-1])
     assert np.abs(logits[1] - logits[0]).max() <= 0.05 * np.abs(logits[0]).max()
+
+
+def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeypatch):
+    """Decode through the fused native block: the same logits, bit for bit, as the same
+    kernels called op by op (the block runs them in the same order with the same
+    roundings); the switch turns it off; prefill never takes it."""
+    calls = []
+    original = native_gemv.NativeGemv.block_decode
+
+    def counted(self, block, step, x):
+        calls.append(x.shape)
+        return original(self, block, step, x)
+
+    monkeypatch.setattr(native_gemv.NativeGemv, "block_decode", counted)
+    model = load_model(quantized_model, RUNTIME, "torch", dtype="bf16")
+    prompt = model.tokenizer.encode("def main():")
+
+    def decode_logits(switch):
+        monkeypatch.setenv("TESSERA_DECODER_BLOCK_DISABLE", switch)
+        model.graph._blocks = None  # the graph asks the backend again
+        ctx = Context(model, ContextParams(n_ctx=64))
+        out, token = [], int(ctx.decode(Batch.for_sequence(prompt))[-1].argmax())
+        for i in range(6):
+            step = ctx.decode(Batch.for_sequence([token], start_pos=len(prompt) + i))[-1]
+            out.append(step)
+            token = int(step.argmax())
+        return np.array(out)
+
+    fused = decode_logits("0")
+    n_layer = model.config.n_layer
+    assert calls == [(1, model.config.n_embd)] * (6 * n_layer)  # every decode layer, no prefill
+    op_by_op = decode_logits("1")
+    assert len(calls) == 6 * n_layer
+    np.testing.assert_array_equal(fused, op_by_op)
+
+
+def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path):
+    """An F16 model: the block is declined (None, nothing written) and the ops run."""
+    from tessera.kv_cache import KVCache
+
+    path = tmp_path / "default-f16.gguf"
+    quantize_model(default_model_path(), path, "F16", RUNTIME)
+    model = load_model(path, RUNTIME, "torch", dtype="bf16")
+    block = model.graph._decoder_blocks()[0]
+    b = model.backend
+    cache = KVCache(None, [None], 8, 1)
+    cache.commit(np.array([0]), np.array([0]), np.array([0]))
+    k = b.zeros((8, block.n_head_kv, block.head_dim))
+    v = b.zeros((8, block.n_head_kv, block.head_dim))
+    x = b.from_numpy(np.ones((1, model.config.n_embd), dtype=np.float32))
+    rows = cache.rows(np.array([0]), np.array([0]), cache.n_kv())
+    assert b.decoder_block(x, block, k, v, 0, rows, np.array([0])) is None
+    assert not k.any() and not v.any()
