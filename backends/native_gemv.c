@@ -31,6 +31,12 @@
 #define ROWS 4   /* weight rows per pass over an activation row */
 #define MI_MAX 4 /* activation rows sharing one unpacking of the weight blocks */
 #define GEMV_MAX_WEIGHTS 8 /* weights in one tsr_gemv_n call */
+#ifndef GEMV_CHUNK
+/* Row groups (of 4 rows) a thread takes at a time: dynamic chunks, so a thread that starts
+ * late (woken from sleep, or sharing its core with another process) does less of the
+ * work instead of making the others wait for it at the end. */
+#define GEMV_CHUNK 16
+#endif
 #ifndef PREFETCH
 /* Bytes ahead in each weight row: far enough to cross 4 KiB pages, where the hardware
  * prefetchers stop (the file's pages are not huge pages); 16 KiB measured best, 512 B
@@ -358,7 +364,7 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
         for (int64_t i = 0; i < m * width; i++) store1(y, i, __builtin_nanf(""), dtype);
         return;
     }
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+#pragma omp parallel for schedule(dynamic, GEMV_CHUNK) num_threads(n_threads) if (n_threads > 1)
     for (int64_t g = 0; g < groups; g++) {
         int k = 0;
         while (g >= first_group[k + 1]) k++;
