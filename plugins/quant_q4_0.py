@@ -90,8 +90,7 @@ class TorchQ4_0Weight:
     def __init__(
         self,
         raw: Any,
-        packed: Any,
-        scales_and_zeros: Any,
+        device: Any,
         n_out: int,
         mm: Any,
         dtype: Any,
@@ -99,14 +98,27 @@ class TorchQ4_0Weight:
         native: Any = None,
     ) -> None:
         self.raw = raw  # uint8 (n_out, row bytes) on the CPU
-        self.packed = packed
-        self.scales_and_zeros = scales_and_zeros
+        # torch's int4 layout, made when first needed (:meth:`int4`): with the native
+        # kernel for decode and dense prefill, most weights never need it
+        self.packed: Any = None
+        self.scales_and_zeros: Any = None
         self.mm = mm
         self.dtype = dtype
-        self.device = packed.device
+        self.device = device
         self.dense_min_rows = dense_min_rows
         self.native = native  # NativeGemv reading ``raw`` in place, or None
         self.shape = (n_out, raw.shape[1] // TYPE_SIZE * BLOCK_SIZE)
+
+    def int4(self) -> tuple[Any, Any]:
+        """``(packed, scales_and_zeros)`` for torch's int4 kernel, packed on first use."""
+        if self.packed is None:
+            n_out, n_in = self.shape
+            d, q = unpack_codes(self.raw.numpy())
+            scales = d.reshape(n_out, -1)
+            zeros = np.zeros_like(scales)
+            packed = pack_int4(q.reshape(n_out, n_in), scales, zeros, self.device, self.dtype)
+            self.packed, self.scales_and_zeros = packed
+        return self.packed, self.scales_and_zeros
 
     def _dequantize(self, rows: Any) -> Any:
         import torch
@@ -133,7 +145,8 @@ class TorchQ4_0Weight:
             return self.native.matmul("Q4_0", self.raw, x)
         if x.shape[0] >= self.dense_min_rows:
             return F.linear(x, self._dequantize(self.raw).to(x.dtype))
-        y = self.mm(x, self.packed, BLOCK_SIZE, self.scales_and_zeros)
+        packed, scales_and_zeros = self.int4()
+        y = self.mm(x, packed, BLOCK_SIZE, scales_and_zeros)
         return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
 
     def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
@@ -170,22 +183,22 @@ def dense_min_rows(device_type: str) -> float:
 
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4_0Weight:
-    """Repack GGUF Q4_0 bytes into torch's int4 layout on the backend's device."""
+    """A Q4_0 weight over the GGUF bytes; packed into torch's int4 layout on the backend's
+    device at load only when no native kernel serves decode (else on first int4 use)."""
 
     from tessera.backends.native_gemv import probe as native_probe
 
     device, dtype = backend.torch_device, backend.torch_dtype
     mm = int4_ops(device.type)[1]
-    n_out, n_in = raw.shape[0], int(np.prod(raw.shape[1:]))
+    n_out = raw.shape[0]
     rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1)
-    d, q = unpack_codes(rows)
-    scales = d.reshape(n_out, -1)
-    packed, sz = pack_int4(q.reshape(n_out, n_in), scales, np.zeros_like(scales), device, dtype)
-    raw_rows = file_bytes_tensor(rows)
     if min_rows is None:
         min_rows = dense_min_rows(device.type)
     native = native_probe(backend) if device.type == "cpu" else None
-    return TorchQ4_0Weight(raw_rows, packed, sz, n_out, mm, dtype, min_rows, native)
+    weight = TorchQ4_0Weight(file_bytes_tensor(rows), device, n_out, mm, dtype, min_rows, native)
+    if native is None:
+        weight.int4()  # the int4 kernel serves decode: pack while loading
+    return weight
 
 
 def pack_int4(

@@ -552,3 +552,22 @@ def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path
     rows = cache.rows(np.array([0]), np.array([0]), cache.n_kv())
     assert b.decoder_block(x, block, k, v, 0, rows, np.array([0])) is None
     assert not k.any() and not v.any()
+
+
+def test_q4_0_int4_layout_is_made_only_when_a_matmul_needs_it(native):
+    """With the native kernel, decode and dense prefill never pack torch's int4 layout (no
+    second copy of the weight in RAM); a 64..95-row matmul packs it on first use."""
+    rng = np.random.default_rng(19)
+    qt = RUNTIME.quant_type_by_name("Q4_0")
+    raw = RawTensor("w", qt.ggml_type, (40, 128), weight_bytes("Q4_0", 40, 128, rng))
+    dense = qt.dequantize_tensor(raw.data, raw.shape).astype(np.float64)
+    b = backend()
+    w = b.load_weight(raw, qt)
+    for rows in (1, 200, 70):
+        if rows == 70:
+            assert w.packed is None  # decode and prefill went without it
+        x = rng.standard_normal((rows, 128)).astype(np.float32)
+        got = b.to_numpy(b.matmul(b.from_numpy(x), w))
+        want = x.astype(np.float64) @ dense.T
+        assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    assert w.packed is not None
