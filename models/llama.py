@@ -313,6 +313,11 @@ class LlamaGraph:
         #: When a list, each forward appends its output rows' last hidden state to it.
         self.hidden_sink: list[Any] | None = None
         self._blocks: list[DecoderBlock] | None = None  # made on the first decode step
+        # Asked once, when the model loads (so switches read then apply to this model).
+        # A subclass that changes a block (tensor parallel, MoE FFNs) runs its own ops.
+        same = type(self)._attention is LlamaGraph._attention
+        same = same and type(self)._ffn is LlamaGraph._ffn
+        self._fuse_blocks = same and backend.supports("decoder_block")
 
     def _project(self, x: Any, name: str) -> Any:
         y = self.b.matmul(x, self.w[name + ".weight"])
@@ -376,16 +381,12 @@ class LlamaGraph:
 
     def _decoder_blocks(self) -> list[DecoderBlock] | None:
         """Each layer as a :class:`DecoderBlock` for the backend's ``decoder_block`` op,
-        made once; None when the backend lacks the op or a subclass changes a block
-        (tensor parallel, MoE FFNs: their blocks are not this one)."""
+        made once; None when the op is not used for this model."""
+        if not self._fuse_blocks:
+            return None
         if self._blocks is None:
-            same = type(self)._attention is LlamaGraph._attention
-            same = same and type(self)._ffn is LlamaGraph._ffn
-            if not (same and self.b.supports("decoder_block")):
-                self._blocks = []
-            else:
-                self._blocks = [self._decoder_block(il) for il in range(self.c.n_layer)]
-        return self._blocks or None
+            self._blocks = [self._decoder_block(il) for il in range(self.c.n_layer)]
+        return self._blocks
 
     def _decoder_block(self, il: int) -> DecoderBlock:
         c, w, p = self.c, self.w, f"blk.{il}."
