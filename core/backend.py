@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -272,12 +273,16 @@ class Backend(ABC):
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement gelu_erf")
 
-    def linear(self, x: Any, w: Any, bias: Any) -> Any:
+    def linear(self, x: Any, w: Any, bias: Any, activation: str = "", residual: Any = None) -> Any:
         """Optional: ``matmul(x, w) + bias`` in one op (a dense layer with a bias, as in BERT).
 
         Same result as :meth:`matmul` then :meth:`add`, without a second pass over the
-        output. Backends that implement it answer True to ``supports("linear")``; the
-        default declines and architectures call the two ops.
+        output. ``activation`` (``"gelu"``: tanh form, ``"gelu_erf"``: exact) is applied to
+        that, then ``residual`` (same shape as the output) is added: BERT's FFN up
+        projection and its residual connections, fused where the backend can (the result
+        may then be rounded once instead of twice). Backends that implement it answer True
+        to ``supports("linear")`` and, for an activation, ``supports("linear",
+        activation=name)``; the default declines and architectures call separate ops.
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement linear")
@@ -393,3 +398,10 @@ class Backend(ABC):
         """
         for dst, src in zip(dsts, srcs, strict=True):
             self.set_rows(dst, np.arange(len(dst)), src)
+
+    def forward_scope(self) -> AbstractContextManager[Any]:
+        """A context the core enters around each forward pass of a model graph (one
+        ubatch), for per-thread settings that make the ops cheaper; the default does
+        nothing. Ops must give the same results inside and outside it. The torch backend
+        enters ``torch.inference_mode()`` (no autograd bookkeeping per op)."""
+        return nullcontext()

@@ -57,11 +57,12 @@ def normalize(x: np.ndarray, mode: int = 2) -> np.ndarray:
     if mode == 0:
         norm = np.abs(x).max(axis=-1, keepdims=True) / 32760.0
     elif mode == 2:
-        norm = np.sqrt((x.astype(np.float64) ** 2).sum(axis=-1, keepdims=True))
+        x64 = x.astype(np.float64)
+        norm = np.sqrt((x64 * x64).sum(axis=-1, keepdims=True))
     else:
         norm = (np.abs(x.astype(np.float64)) ** mode).sum(axis=-1, keepdims=True) ** (1.0 / mode)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(norm > 0, x / norm, 0.0).astype(np.float32)
+    out = np.zeros(x.shape, np.result_type(x, norm))  # rows of norm 0 stay 0, no warning
+    return np.divide(x, norm, out=out, where=norm > 0).astype(np.float32)
 
 
 def apply_activation(scores: np.ndarray, activation: str) -> np.ndarray:
@@ -199,9 +200,10 @@ class Embedder:
         out = []
         with self._lock:  # one Context: the server may call from several threads
             for pack in self._packs([len(t) for t in token_lists]):
-                batch = Batch.concat(
-                    [Batch.for_sequence(token_lists[i], 0, s, "none") for s, i in enumerate(pack)]
-                )
+                parts = [
+                    Batch.for_sequence(token_lists[i], 0, s, "none") for s, i in enumerate(pack)
+                ]
+                batch = parts[0] if len(parts) == 1 else Batch.concat(parts)
                 tt = None if types is None else np.concatenate([types[i] for i in pack])
                 tt = None if tt is None else tt.astype(np.int32)
                 out.append(self.ctx.encode(batch, pooling, tt))

@@ -38,7 +38,11 @@ def pooling_name(value: int | str) -> str:
 def _sequence_rows(batch: Batch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Sequence ids present (ascending), each row's index into them, and per sequence the
     row with the lowest and with the highest position."""
-    seqs, inverse = np.unique(batch.seq_ids, return_inverse=True)
+    ids, pos = batch.seq_ids, batch.positions
+    if (ids == ids[0]).all():  # one input (batch-1 embedding): no sorting
+        one = np.zeros(len(ids), np.intp)
+        return ids[:1], one, pos.argmin(keepdims=True), pos.argmax(keepdims=True)
+    seqs, inverse = np.unique(ids, return_inverse=True)
     by_pos = np.lexsort((batch.positions, inverse))  # rows grouped by sequence, by position
     counts = np.bincount(inverse, minlength=len(seqs))
     ends = np.cumsum(counts)
@@ -63,6 +67,8 @@ class SequenceAttention:
         self._rows: KVRows | None = None
         self._mask: np.ndarray | None = None
         self._window_masks: dict[int, np.ndarray] = {}
+        # one input needs no row lists: the dense mask is all True (and costs nothing)
+        self._use_rows = path == "rows" and bool((seq_ids != seq_ids[0]).any())
 
     def rows(self) -> KVRows:
         """One slice per sequence; all positions 0, so the causal rule lets every row in."""
@@ -93,14 +99,18 @@ class SequenceAttention:
                 near = np.abs(self.positions[:, None] - self.positions[None, :]) < window
                 mask = self._window_masks[window] = self.mask() & near
             return backend.attention(q, k, v, len(self.seq_ids), mask, scale)
-        if self.path == "rows" and self.rows().rows.shape[0] > 1:
-            # one input needs no row lists: the dense mask is all True
+        if self._use_rows:
             return backend.attention_rows(q, k, v, self.rows(), scale)
         return backend.attention(q, k, v, len(self.seq_ids), self.mask(), scale)
 
 
-def _encoder_ubatches(batch: Batch, inverse: np.ndarray, n_ubatch: int) -> list[np.ndarray]:
-    """Row indices of ubatches that hold whole sequences, at most ``n_ubatch`` rows each."""
+def _encoder_ubatches(
+    batch: Batch, inverse: np.ndarray, n_ubatch: int
+) -> list[np.ndarray] | list[slice]:
+    """Row indices of ubatches that hold whole sequences, at most ``n_ubatch`` rows each;
+    ``[slice(None)]`` for one input that fits (the batch as it is: no copies)."""
+    if len(inverse) <= n_ubatch and not inverse.any():
+        return [slice(None)]
     order = np.argsort(inverse, kind="stable")
     counts = np.bincount(inverse)
     longest = int(counts.max())
@@ -121,22 +131,28 @@ def _encoder_ubatches(batch: Batch, inverse: np.ndarray, n_ubatch: int) -> list[
 
 
 def hidden_states(
-    ctx: Any, batch: Batch, want: np.ndarray, token_types: np.ndarray | None = None
+    ctx: Any,
+    batch: Batch,
+    want: np.ndarray,
+    token_types: np.ndarray | None = None,
+    inverse: np.ndarray | None = None,
 ) -> np.ndarray:
     """Final hidden states of the rows ``want`` (bool ``(T,)``) as float32 ``(T, n_embd)``;
-    rows not wanted are left zero. No KV cell of the batch stays in the cache."""
+    rows not wanted are left zero. No KV cell of the batch stays in the cache. ``inverse``:
+    each row's index among the batch's sequence ids, where the caller has it already."""
     model = ctx.model
     backend = model.backend
     causal = model.arch.causal_attention(model.config)
+    groups: list[Any]
     if causal:
         groups = [
             np.arange(s, min(s + ctx.n_ubatch, len(batch)))
             for s in range(0, len(batch), ctx.n_ubatch)
         ]
     else:
-        groups = _encoder_ubatches(
-            batch, np.unique(batch.seq_ids, return_inverse=True)[1], ctx.n_ubatch
-        )
+        if inverse is None:
+            inverse = np.unique(batch.seq_ids, return_inverse=True)[1]
+        groups = _encoder_ubatches(batch, inverse, ctx.n_ubatch)
     out: np.ndarray | None = None
     written: list[np.ndarray] = []
     try:
@@ -157,13 +173,18 @@ def hidden_states(
                 seq_ids=seq_ids,
                 token_types=None if token_types is None else token_types[rows],
             )
-            h = model.graph.forward(inp)
+            with backend.forward_scope():
+                h = model.graph.forward(inp)
             if len(inp.output_rows):
                 h = backend.to_numpy(h)
+                if isinstance(rows, slice) and len(h) == len(batch):
+                    out = h  # every row of the batch wanted, in its order
+                    ctx.output_buffers["embd"] += 1
+                    continue
                 if out is None:
                     out = np.zeros((len(batch), h.shape[-1]), dtype=np.float32)
                     ctx.output_buffers["embd"] += 1
-                out[rows[inp.output_rows]] = h
+                out[inp.output_rows if isinstance(rows, slice) else rows[inp.output_rows]] = h
     finally:
         for cells in written:
             ctx.kv.release(cells)
@@ -211,7 +232,7 @@ def encode_batch(
         want[first] = True
     else:
         want[last] = True
-    h = hidden_states(ctx, batch, want, token_types)
+    h = hidden_states(ctx, batch, want, token_types, inverse)
     if pooling == "none":
         return h[want]
     if pooling == "rank":
@@ -240,6 +261,8 @@ def _pool(
     first: np.ndarray,
     last: np.ndarray,
 ) -> np.ndarray:
+    if pooling == "mean" and n_seq == 1:
+        return (h.sum(axis=0, keepdims=True) / len(h)).astype(np.float32)
     if pooling == "mean":
         # rows sorted by sequence, then one segmented sum (no Python loop, no BLAS call)
         order = np.argsort(inverse, kind="stable")

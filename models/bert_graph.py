@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 #: Set (to anything but "" or "0") to run dense layers as matmul + add, for comparison.
 FUSED_LINEAR_DISABLE_ENV = "TESSERA_FUSED_LINEAR_DISABLE"
+#: ``0`` runs Q, K and V as three dense layers instead of one over their concatenation.
+FUSED_QKV_ENV = "TESSERA_BERT_FUSED_QKV"
 
 
 class BertGraph:
@@ -40,8 +42,14 @@ class BertGraph:
             if backend.supports("linear")
             else "backend declines linear",
         )
+        self.qkv = self._fuse_qkv()
+        if "token_types.weight" in weights:
+            self.type0 = backend.get_rows(weights["token_types.weight"], np.zeros(1, np.int32))
         exact = config.gelu_exact and backend.supports("gelu_erf")
         self.gelu = backend.gelu_erf if exact else backend.gelu
+        self.gelu_name = "gelu_erf" if exact else "gelu"
+        # the FFN's GELU inside the up projection's linear op, where the backend takes it
+        self.fused_gelu = self.fused and backend.supports("linear", activation=self.gelu_name)
         if config.gelu_exact:
             backend.record(
                 "bert gelu",
@@ -49,11 +57,53 @@ class BertGraph:
                 "backend supports gelu_erf" if exact else "backend declines gelu_erf",
             )
 
-    def _dense(self, x: Any, name: str) -> Any:
+    def _fuse_qkv(self) -> list[tuple[Any, Any]] | None:
+        """Per layer, Q/K/V weights and biases concatenated into one ``(3 n_embd, n_embd)``
+        dense layer, made once here: one call instead of three per layer (each backend
+        call has a fixed cost that dominates with few rows). None where the dense layers
+        do not run as ``linear``, a weight is not a plain array (a quantized weight
+        kernel), or ``TESSERA_BERT_FUSED_QKV=0``."""
+        b = self.b
+        plain = type(b.from_numpy(np.zeros(1, np.float32)))
+        names = [
+            f"blk.{il}.attn_{x}.{part}"
+            for il in range(self.c.n_layer)
+            for part in ("weight", "bias")
+            for x in "qkv"
+        ]
+        if os.environ.get(FUSED_QKV_ENV, "").strip() == "0":
+            why = f"{FUSED_QKV_ENV}=0"
+        elif not self.fused:
+            why = "dense layers run as matmul + add"
+        elif not all(isinstance(self.w[n], plain) for n in names):
+            why = "q/k/v weights are not plain arrays (a weight kernel)"
+        else:
+            why = ""
+        b.record(
+            "bert q/k/v",
+            "three dense layers" if why else "one fused dense layer",
+            why or "q/k/v weights concatenated at load",
+        )
+        if why:
+            return None
+        fused = []
+        for il in range(self.c.n_layer):
+            p = f"blk.{il}.attn_"
+            w = np.concatenate([b.to_numpy(self.w[p + x + ".weight"]) for x in "qkv"])
+            bias = np.concatenate([b.to_numpy(self.w[p + x + ".bias"]) for x in "qkv"])
+            fused.append((b.from_numpy(w), b.from_numpy(bias)))
+        return fused
+
+    def _dense(self, x: Any, name: str, gelu: bool = False, residual: Any = None) -> Any:
+        """``gelu(x @ w.T + bias) + residual`` (each part optional), in one backend op
+        where it takes them."""
+        b = self.b
         w, bias = self.w[name + ".weight"], self.w[name + ".bias"]
-        if self.fused:
-            return self.b.linear(x, w, bias)
-        return self.b.add(self.b.matmul(x, w), bias)
+        if self.fused and (self.fused_gelu or not gelu):
+            return b.linear(x, w, bias, self.gelu_name if gelu else "", residual)
+        y = b.linear(x, w, bias) if self.fused else b.add(b.matmul(x, w), bias)
+        y = self.gelu(y) if gelu else y
+        return y if residual is None else b.add(y, residual)
 
     def _norm(self, x: Any, name: str) -> Any:
         return self.b.layer_norm(
@@ -72,9 +122,10 @@ class BertGraph:
             b.get_rows(w["position_embd.weight"], inp.positions),
         )
         if "token_types.weight" in w:
-            types = inp.token_types
-            types = np.zeros(len(inp.tokens), np.int32) if types is None else types
-            x = b.add(x, b.get_rows(w["token_types.weight"], types))
+            if inp.token_types is None:  # every row segment 0: one row, broadcast
+                x = b.add(x, self.type0)
+            else:
+                x = b.add(x, b.get_rows(w["token_types.weight"], inp.token_types))
         return self._norm(x, "token_embd_norm")
 
     def forward(self, inp: ForwardInput) -> Any:
@@ -93,15 +144,19 @@ class BertGraph:
         all_rows = len(inp.output_rows) == n
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            q = self._dense(x, p + "attn_q").reshape(n, c.n_head, c.head_dim)
-            k = self._dense(x, p + "attn_k").reshape(n, c.n_head, c.head_dim)
-            v = self._dense(x, p + "attn_v").reshape(n, c.n_head, c.head_dim)
-            attn = self._dense(attention.attend(b, q, k, v, self.attn_scale), p + "attn_output")
+            if self.qkv is not None:
+                y = b.linear(x, *self.qkv[il]).reshape(n, 3, c.n_head, c.head_dim)
+                q, k, v = y[:, 0], y[:, 1], y[:, 2]
+            else:
+                q = self._dense(x, p + "attn_q").reshape(n, c.n_head, c.head_dim)
+                k = self._dense(x, p + "attn_k").reshape(n, c.n_head, c.head_dim)
+                v = self._dense(x, p + "attn_v").reshape(n, c.n_head, c.head_dim)
+            attn = attention.attend(b, q, k, v, self.attn_scale)
             if il == c.n_layer - 1 and not all_rows:
-                # Only the rows the pooling reads go through the last FFN.
+                # Only the rows the pooling reads go through the last dense layers.
                 attn = b.get_rows(attn, inp.output_rows)
                 x = b.get_rows(x, inp.output_rows)
-            x = self._norm(b.add(x, attn), p + "attn_output_norm")
-            h = self._dense(self.gelu(self._dense(x, p + "ffn_up")), p + "ffn_down")
-            x = self._norm(b.add(x, h), p + "layer_output_norm")
+            x = self._norm(self._dense(attn, p + "attn_output", residual=x), p + "attn_output_norm")
+            h = self._dense(x, p + "ffn_up", gelu=True)
+            x = self._norm(self._dense(h, p + "ffn_down", residual=x), p + "layer_output_norm")
         return x
