@@ -15,6 +15,25 @@ from tessera.testing.models import WEIGHT_STD
 
 #: The packaged model whose tokenizer files the test checkpoints borrow.
 VOCAB_MODEL = "all-MiniLM-L6-v2"
+#: Sentences of the parity tests: plain, short, and long enough to pad the others.
+PARITY_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello!",
+    "Embeddings pack many inputs into one forward pass, each pooled on its own.",
+]
+
+
+def hf_last_hidden(folder: str | os.PathLike[str], model: Any, texts: list[str]) -> tuple[Any, Any]:
+    """transformers' last hidden states ``(n, T, d)`` of ``texts`` (padded batch) and the
+    attention mask as bool ``(n, T)``: the oracle the bert parity tests compare against."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**enc).last_hidden_state.numpy()
+    return hidden, enc["attention_mask"].numpy().astype(bool)
 
 
 def make_bert_hf_dir(

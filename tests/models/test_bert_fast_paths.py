@@ -12,30 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-import transformers
 
 from tessera.embedding import Embedder
 from tessera.model import load_model
 from tessera.runtime import Runtime
-from tessera.testing.bert_models import make_bert_hf_dir
+from tessera.testing.bert_models import PARITY_SENTENCES, hf_last_hidden, make_bert_hf_dir
 
 RUNTIME = Runtime()
 BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
 TOL = 1e-4  # max abs on hidden states of std ~1 (as test_bert_parity)
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello!",
-    "Embeddings pack many inputs into one forward pass, each pooled on its own.",
-]
-
-
-def _hf_hidden(folder, model, texts):
-    tok = transformers.AutoTokenizer.from_pretrained(folder)
-    enc = tok(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**enc).last_hidden_state.numpy()
-    return hidden, enc["attention_mask"].numpy().astype(bool)
+SENTENCES = PARITY_SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +45,7 @@ def test_qkv_paths_match_transformers(encoder, backend, fused_qkv, monkeypatch):
         assert _placement(tm, "bert q/k/v") == [
             ("one fused dense layer", "q/k/v weights concatenated at load")
         ]
-    hidden, mask = _hf_hidden(folder, model, SENTENCES)
+    hidden, mask = hf_last_hidden(folder, model, SENTENCES)
     raw = Embedder(tm, normalize=-1)
     for i, text in enumerate(SENTENCES):
         got = raw.token_embeddings(raw.tokenize(text))

@@ -21,7 +21,7 @@ from tessera.errors import TesseraError
 from tessera.model import load_model
 from tessera.plugins.convert import convert_hf_to_gguf
 from tessera.runtime import Runtime
-from tessera.testing.bert_models import make_bert_hf_dir
+from tessera.testing.bert_models import PARITY_SENTENCES, hf_last_hidden, make_bert_hf_dir
 
 RUNTIME = Runtime()
 BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
@@ -44,26 +44,14 @@ def reranker(tmp_path_factory):
     return {"hf": folder, "gguf": gguf}, model
 
 
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Hello!",
-    "Embeddings pack many inputs into one forward pass, each pooled on its own.",
-]
-
-
-def _hf_hidden(folder, model, texts):
-    tok = transformers.AutoTokenizer.from_pretrained(folder)
-    enc = tok(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**enc).last_hidden_state.numpy()
-    return hidden, enc["attention_mask"].numpy().astype(bool)
+SENTENCES = PARITY_SENTENCES
 
 
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hidden_states_and_pooling_match_transformers(encoder, source, backend):
     files, model = encoder
-    hidden, mask = _hf_hidden(files["hf"], model, SENTENCES)
+    hidden, mask = hf_last_hidden(files["hf"], model, SENTENCES)
     tm = load_model(files[source], RUNTIME, backend, dtype="f32")
     raw = Embedder(tm, normalize=-1)
     for i, text in enumerate(SENTENCES):
@@ -162,7 +150,7 @@ def test_sentence_transformers_dense_module_is_applied_after_pooling(tmp_path):
     w = torch.randn(32, 64) * 0.1
     write_sentence_transformers_modules(folder, [w.numpy()])
     cfg = json.loads((folder / "2_Dense" / "config.json").read_text())
-    hidden, mask = _hf_hidden(folder, model, SENTENCES)
+    hidden, mask = hf_last_hidden(folder, model, SENTENCES)
     mean = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
     gguf = convert_hf_to_gguf(folder, tmp_path / "st-dense.gguf", RUNTIME, "f32")
     for source in (folder, gguf):
