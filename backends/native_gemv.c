@@ -760,7 +760,8 @@ typedef struct {
 
 static int offset_of(int type_size) { return type_size == 18 ? 8 : 128; }
 
-/* y (n_embd) = the block applied to x (n_embd); returns 0 when out of memory. */
+/* y (n_embd) = the block applied to x (n_embd); y may be x (x is last read before y is
+ * written). Returns 0 when out of memory. */
 int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void *y, int dtype,
                      int n_threads) {
     const int64_t es = dtype == DT_F32 ? 4 : 2, n = b->n_embd;

@@ -160,8 +160,9 @@ class NativeGemv:
 
     def block_decode(self, block: BlockStruct, step: StepStruct, x: Any) -> Any:
         """A whole decoder block for one token (``x`` ``(1, n_embd)``, contiguous, the
-        compute dtype) in one call; writes the token's K/V into the caches."""
-        y = self._empty(x.shape, dtype=x.dtype)
+        compute dtype) in one call, written over ``x`` (returned); writes the token's K/V
+        into the caches."""
+        y = x  # the C function reads x only before it writes y
         ok = self.lib.tsr_block_decode(
             ctypes.byref(block), ctypes.byref(step), x.data_ptr(), y.data_ptr(),
             self._dtypes[x.dtype], self._threads(),

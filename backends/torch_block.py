@@ -56,10 +56,10 @@ def decoder_block(
 
 def _caches_ok(x: Any, k_cache: Any, v_cache: Any, block: Any) -> bool:
     shape = (block.n_head_kv, block.head_dim)
-    return all(
-        c.dtype == x.dtype and c.is_contiguous() and tuple(c.shape[1:]) == shape
-        for c in (k_cache, v_cache)
-    )
+    for c in (k_cache, v_cache):
+        if c.dtype != x.dtype or not c.is_contiguous() or c.shape[1:] != shape:
+            return False
+    return True
 
 
 def _block_struct(backend: Any, block: Any) -> BlockStruct | None:

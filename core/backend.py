@@ -317,7 +317,8 @@ class Backend(ABC):
     ) -> Any | None:
         """Optional: a whole llama-family decoder block for one decode token, or None.
 
-        ``x`` is the ``(1, n_embd)`` hidden state, ``block`` a
+        ``x`` is the ``(1, n_embd)`` hidden state (the op may write its result over it:
+        callers pass a value they no longer need), ``block`` a
         :class:`tessera.decoder_block.DecoderBlock` (this layer's loaded weights and shape),
         ``k_cache``/``v_cache`` the layer's ``(C, Hkv, D)`` caches, ``cell`` the cache cell
         the token's rotated K and its V go to, ``kv_rows`` the token's
