@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.backend import CORE_OPS, OPTIONAL_OPS, Backend
+from tessera.backends import torch_block
 from tessera.backends.torch_packed import PackedLinear, epilogue
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -74,9 +75,7 @@ class TorchBackend(Backend):
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
         if op == "decoder_block":
-            from tessera.backends.torch_block import disabled
-
-            return self._native() is not None and not disabled()
+            return self._native() is not None and not torch_block.disabled()
         if op in ("attention", "attention_rows"):
             n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
@@ -396,9 +395,7 @@ class TorchBackend(Backend):
         return out.reshape(n_tokens, -1)
 
     def decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions):
-        from tessera.backends.torch_block import decoder_block
-
-        return decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions)
+        return torch_block.decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions)
 
     def moe_ffn(self, x, expert_ids, expert_weights, experts):
         from tessera.backends.torch_moe import moe_ffn
