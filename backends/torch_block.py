@@ -64,7 +64,7 @@ def _caches_ok(x: Any, k_cache: Any, v_cache: Any, block: Any) -> bool:
 
 def _block_struct(backend: Any, block: Any) -> BlockStruct | None:
     """The C struct of ``block``, made once per block (None: a weight has no native kernel)."""
-    cache = backend.probe_cache.setdefault("decoder_block", {})
+    cache = backend._block_structs
     hit = cache.get(id(block))
     if hit is not None and hit[0] is block:
         return hit[1]

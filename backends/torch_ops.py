@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from tessera.backend import CORE_OPS, OPTIONAL_OPS, Backend
 from tessera.backends import torch_block
+from tessera.backends.native_gemv import RowLists
 from tessera.backends.torch_packed import PackedLinear, epilogue
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -63,7 +64,9 @@ class TorchBackend(Backend):
         self._rows_inputs: tuple[Any, dict[str, Any]] | None = None
         self._fused_norm: bool | None = None  # probed on first use
         self._f32_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._block_step: tuple[Any, ...] | None = None  # decoder_block's per-ubatch struct
+        # decoder_block's C structs: per block (by id, the block kept with it) and per ubatch
+        self._block_structs: dict[int, tuple[Any, Any]] = {}
+        self._block_step: tuple[Any, ...] | None = None
         self._packed_linear: PackedLinear | None = None  # made on first use
 
     # -- capability probe and setup --------------------------------------------------
@@ -346,8 +349,6 @@ class TorchBackend(Backend):
             "span": None,
         }
         if self._native() is not None and len(kv_rows.q_index) <= NATIVE_ATTENTION_QUERIES:
-            from tessera.backends.native_gemv import RowLists
-
             t["native"] = RowLists(rows, kv_rows.q_rows, None if allowed.all() else allowed)
         if n_slices == 1 and np.array_equal(rows[0], np.arange(rows[0, 0], rows[0, 0] + n_rows)):
             t["span"] = (int(rows[0, 0]), n_rows)  # one sequence in one run: a view, no gather
