@@ -349,12 +349,13 @@ class LlamaGraph:
         b, c = self.b, self.c
         x = b.get_rows(self.w["token_embd.weight"], inp.tokens)
         all_rows = len(inp.output_rows) == len(inp.tokens)
-        blocks = self._decoder_blocks() if len(inp.tokens) == 1 and all_rows else None
+        kv = inp.kv
+        decode = len(inp.tokens) == 1 and all_rows and kv.path == "rows"
+        blocks = self._decoder_blocks() if decode else None
         for il in range(c.n_layer):
             p = f"blk.{il}."
-            if blocks is not None and inp.kv.path == "rows":
+            if blocks is not None:
                 # decode: the whole block in one backend call where the backend can
-                kv = inp.kv
                 y = b.decoder_block(
                     x, blocks[il], kv.k[il], kv.v[il], int(kv.cells[0]), kv.rows_for(),
                     inp.positions,
