@@ -31,11 +31,15 @@
 #define ROWS 4   /* weight rows per pass over an activation row */
 #define MI_MAX 4 /* activation rows sharing one unpacking of the weight blocks */
 #define GEMV_MAX_WEIGHTS 8 /* weights in one tsr_gemv_n call */
-#ifndef GEMV_CHUNK
-/* Row groups (of 4 rows) a thread takes at a time: dynamic chunks, so a thread that starts
- * late (woken from sleep, or sharing its core with another process) does less of the
- * work instead of making the others wait for it at the end. */
-#define GEMV_CHUNK 16
+#ifndef GEMV_CHUNK_BYTES
+/* OpenMP hands out the row groups (of 4 rows) in guided chunks: each thread first takes a
+ * long contiguous run (its hardware and software prefetching stays in its own rows), then
+ * ever smaller ones down to about this many weight bytes, so a thread that starts late
+ * (woken from sleep, or sharing its core with another process) does less of the work
+ * instead of making the other wait at the end. Fixed chunks of 16 groups decoded Q4_0
+ * 0.84-0.92x as fast at two threads (much of each prefetch landed in the other thread's
+ * rows). */
+#define GEMV_CHUNK_BYTES 131072
 #endif
 #ifndef PREFETCH
 /* Bytes ahead in each weight row: far enough to cross 4 KiB pages, where the hardware
@@ -364,7 +368,9 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
         for (int64_t i = 0; i < m * width; i++) store1(y, i, __builtin_nanf(""), dtype);
         return;
     }
-#pragma omp parallel for schedule(dynamic, GEMV_CHUNK) num_threads(n_threads) if (n_threads > 1)
+    const int64_t group_bytes = ROWS * row_bytes;
+    const int chunk = group_bytes >= GEMV_CHUNK_BYTES ? 1 : (int)(GEMV_CHUNK_BYTES / group_bytes);
+#pragma omp parallel for schedule(guided, chunk) num_threads(n_threads) if (n_threads > 1)
     for (int64_t g = 0; g < groups; g++) {
         int k = 0;
         while (g >= first_group[k + 1]) k++;
