@@ -64,7 +64,7 @@
 #define TSR_ZMM 0
 #endif
 
-int tsr_native_abi(void) { return 4; }
+int tsr_native_abi(void) { return 5; }
 
 int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
 
@@ -487,7 +487,9 @@ void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, in
  * path computes them (w: float32, or NULL for none); x and y of dtype. Decode runs two per
  * layer per token: one C call instead of four torch ops. */
 void tsr_rms_norm(const void *x, int64_t m, int64_t n, const float *w, float eps, void *y,
-                  int dtype) {
+                  int dtype, int n_threads) {
+    /* rows over the threads for prefill-sized inputs; decode's few rows stay on one */
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && m > 1 && m * n >= 65536)
     for (int64_t r = 0; r < m; r++) {
         const int64_t base = r * n;
         __m256 acc = _mm256_setzero_ps();
@@ -777,13 +779,13 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
     char *h = buf, *q = h + es * n, *k = q + es * qd, *v = k + es * kd, *qr = v + es * kd;
     char *att = qr + es * qd, *mid = att + es * qd, *gu = mid + es * n;
     char *act = gu + es * 2 * b->n_ff, *tmp = act + es * b->n_ff;
-    tsr_rms_norm(x, 1, n, b->attn_norm, b->eps, h, dtype);
+    tsr_rms_norm(x, 1, n, b->attn_norm, b->eps, h, dtype, 1);
     const uint8_t *qkv_w[3] = {b->wq, b->wk, b->wv};
     const int64_t qkv_n[3] = {qd, kd, kd};
     const void *qkv_b[3] = {b->bq, b->bk, b->bv};
     gemv_n(3, qkv_w, qkv_n, qkv_b, n, h, 1, q, dtype, n_threads, b->type_qkv, offset_of(b->type_qkv));
-    if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype);
-    if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype);
+    if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype, 1);
+    if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype, 1);
     char *k_cell = (char *)b->k_cache + es * kd * s->cell;
     char *v_cell = (char *)b->v_cache + es * kd * s->cell;
     tsr_rope(q, 1, b->n_head, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, qr, dtype);
@@ -795,7 +797,7 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
                        n_threads);
     gemv_n(1, &b->wo, &n, NULL, qd, att, 1, tmp, dtype, n_threads, b->type_o, offset_of(b->type_o));
     elementwise(x, tmp, n, mid, dtype, 0);
-    tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype);
+    tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype, 1);
     const uint8_t *up_w[2] = {b->w_gate, b->w_up};
     const int64_t up_n[2] = {b->n_ff, b->n_ff};
     gemv_n(2, up_w, up_n, NULL, n, h, 1, gu, dtype, n_threads, b->type_ffn_up,

@@ -43,7 +43,7 @@ VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
 COMPUTE_DTYPES = ("bf16", "f16")
-ABI = 4
+ABI = 5
 #: Block bytes per 32 weights of the types the kernels read.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
 #: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
@@ -138,7 +138,8 @@ class NativeGemv:
         y = self._empty(x.shape, dtype=x.dtype)
         w = 0 if weight_f32 is None else weight_f32.data_ptr()
         self.lib.tsr_rms_norm(
-            x.data_ptr(), x.numel() // n, n, w, eps, y.data_ptr(), self._dtypes[x.dtype]
+            x.data_ptr(), x.numel() // n, n, w, eps, y.data_ptr(), self._dtypes[x.dtype],
+            self._threads(),
         )
         return y
 
@@ -300,8 +301,8 @@ lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64
                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 lib.tsr_dequant_q4_0(w, 2, 32, y, 0, 1)
 lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                             ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
-lib.tsr_rms_norm(x, 2, 32, x, 1e-6, y, 0)
+                             ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_rms_norm(x, 2, 32, x, 1e-6, y, 0, 2)
 lib.tsr_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                          ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                          ctypes.c_void_p, ctypes.c_int]
@@ -348,6 +349,7 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_dequant_q4_0.restype = None
     lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
     lib.tsr_rms_norm.argtypes += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_rms_norm.argtypes += [ctypes.c_int]
     lib.tsr_rms_norm.restype = None
     lib.tsr_rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
     lib.tsr_rope.argtypes += [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]

@@ -168,9 +168,10 @@ class TorchBackend(Backend):
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
         # Statistics in float32: a bf16 sum of squares over thousands of values loses bits.
-        native = self._native() if x.numel() < NATIVE_SMALL_OP_VALUES else None
+        native = self._native()
         if native is not None:
-            # decode: one C call instead of four torch ops (two norms per layer per token)
+            # one C call instead of torch's composite (decode: two norms per layer per
+            # token; prefill: 512 x 896 rows in 0.2 ms instead of 1 ms at two threads)
             return native.rms_norm(x, self._f32_weight(weight), eps)
         if self._fused_norm is None:
             self._fused_norm = fused_rms_norm_ok(self)
@@ -333,6 +334,10 @@ class TorchBackend(Backend):
         allowed = kv_rows.allowed()
         q_rows, no_row = np.maximum(kv_rows.q_rows, 0).ravel(), ~allowed.any(-1)
         identity = np.arange(len(kv_rows.q_index))
+        # One sequence's queries over exactly their own rows in order (a prompt into an
+        # empty cache): SDPA's causal kernel, which skips the masked half, needs no mask.
+        causal = n_slices == 1 and n_rows == kv_rows.q_rows.shape[1] > 1
+        causal = causal and np.array_equal(allowed[0], np.tri(n_rows, dtype=bool))
         # None where a step can be skipped (one token decoding over its whole sequence:
         # every row allowed, no query without rows, queries already in order)
         t: dict[str, Any] = {
@@ -340,8 +345,9 @@ class TorchBackend(Backend):
             "out": None
             if q_rows.size == len(identity) and np.array_equal(kv_rows.q_index, identity)
             else self._index(kv_rows.q_index),
-            # (S, 1, Tq, R)
-            "mask": None if allowed.all() else self._tensor(allowed).to(self.torch_device)[:, None],
+            "causal": causal,
+            # (S, 1, Tq, R), additive: SDPA would convert a boolean mask in every layer
+            "mask": None if causal or allowed.all() else self._additive_mask(allowed)[:, None],
             "dead": self._tensor(no_row).to(self.torch_device)[:, None, :, None]
             if no_row.any()
             else None,
@@ -358,6 +364,12 @@ class TorchBackend(Backend):
                 t["pad"] = self._tensor(rows < 0).to(self.torch_device)[..., None, None]
         self._rows_inputs = (kv_rows, t)
         return t
+
+    def _additive_mask(self, allowed: np.ndarray) -> torch.Tensor:
+        """``allowed`` as 0 / -inf in the compute dtype, on the device."""
+        blocked = self._tensor(~allowed).to(self.torch_device)
+        zeros = torch.zeros(blocked.shape, dtype=self.torch_dtype, device=self.torch_device)
+        return zeros.masked_fill_(blocked, float("-inf"))
 
     def attention_rows(self, q, k_cache, v_cache, kv_rows, scale):
         n_tokens, n_head, dim = q.shape
@@ -386,6 +398,7 @@ class TorchBackend(Backend):
             k.transpose(1, 2),
             v.transpose(1, 2),
             attn_mask=t["mask"],
+            is_causal=t["causal"],
             scale=scale,
             enable_gqa=n_head != n_head_kv,
         )

@@ -298,6 +298,7 @@ _ROWS_QUERIES = {
     "ragged": ([8, 3, 5, 2, 7, 10, 6, 1], [0, 1, 1, 2, 1, 1, 3, 2]),
     "decode": ([9, 11, 3, 13], [0, 1, 2, 3]),
     "dead-query": ([4, 2, 8], [3, 3, 0]),  # seq 3 holds positions 6.. only
+    "prompt": ([0, 1, 2], [2, 2, 2]),  # one sequence's queries over exactly its own rows
 }
 
 

@@ -202,29 +202,34 @@ def test_q4_0_rows_of_a_table_are_the_same_with_and_without_native(native, monke
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_decode_rms_norm_runs_natively_and_matches_numpy(native, dtype, monkeypatch):
-    """Few rows: the native RMSNorm (float32 statistics), within one rounding of the dtype
-    of numpy's on the same inputs; many rows and the switch: torch's kernel, which agrees."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rms_norm_runs_natively_and_matches_numpy(native, dtype, threads, monkeypatch):
+    """The native RMSNorm (float32 statistics; rows split over the threads from 65536
+    values), within one rounding of the dtype of numpy's on the same inputs; the switch
+    gives torch's kernel, which agrees too."""
     b = backend(dtype)
+    monkeypatch.setattr(native, "_threads", lambda: threads)  # the count the C side gets
     ref = RUNTIME.create_backend("numpy")
     rng = np.random.default_rng(13)
     w = rng.uniform(0.5, 1.5, 900).astype(np.float32)
     calls = []
     monkeypatch.setattr(type(native), "rms_norm", _spy(type(native).rms_norm, calls))
-    for rows in (1, 3, 100):
+    step = 2.0**-8 if dtype == "bf16" else 2.0**-11
+    for rows in (1, 3, 100, 513):
         x = rng.standard_normal((rows, 900)).astype(np.float32) * 3
+        x[-1] *= 100  # a row of another scale: each row has its own statistics
         xr, wr = (b.to_numpy(b.from_numpy(a)) for a in (x, w))
         for weight in (b.from_numpy(w), None):
             got = b.to_numpy(b.rms_norm(b.from_numpy(x), weight, 1e-6))
             want = ref.rms_norm(xr, None if weight is None else wr, 1e-6)
-            step = 2.0**-8 if dtype == "bf16" else 2.0**-11
             assert np.all(np.abs(got - want) <= step * np.abs(want) + 1e-6)
     ours = [s for s in calls if s[-1] == 900]  # (the probe's self-test adds its own calls)
-    assert len(ours) == 4  # rows 1 and 3, with and without a weight; 100 x 900 is torch's
+    assert len(ours) == 8
     monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
     off = backend(dtype)
-    off.rms_norm(off.from_numpy(x[:1]), None, 1e-6)
-    assert len([s for s in calls if s[-1] == 900]) == 4
+    got = off.to_numpy(off.rms_norm(off.from_numpy(x), None, 1e-6))
+    assert np.all(np.abs(got - want) <= step * np.abs(want) + 1e-6)
+    assert len([s for s in calls if s[-1] == 900]) == 8
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])

@@ -74,6 +74,35 @@ def test_rows_path_equals_dense_path_equals_reference(seed, group, window, torch
     np.testing.assert_allclose(dense_out, reference, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("window", [0, 7])
+def test_a_prompt_into_an_empty_cache_takes_the_causal_kernel(dtype, window):
+    """One sequence's queries over exactly its own rows: torch runs SDPA's causal kernel
+    without a mask (a sliding window, or a second chunk, keeps the mask), and every
+    output matches the numpy reference."""
+    t = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
+    rng = np.random.default_rng(5)
+    n, group = 40, 3  # more queries than the native decode kernel takes
+    cache = KVCache(NUMPY, [KVLayerLayout(2, 16, 16)], 64, 1)
+    cache.commit(cache.find_slot(n), np.arange(n), np.zeros(n))
+    cache.k[0][:] = rng.standard_normal(cache.k[0].shape)
+    cache.v[0][:] = rng.standard_normal(cache.v[0].shape)
+    k, v = (t.to_numpy(t.from_numpy(a)) for a in (cache.k[0], cache.v[0]))  # as the dtype
+    tk, tv = t.from_numpy(k), t.from_numpy(v)
+    for first in (0, 25):  # the whole prompt; then its last 15 tokens as a second chunk
+        positions = np.arange(first, n, dtype=np.int32)
+        seqs = np.zeros(len(positions), dtype=np.int32)
+        kv_rows = cache.rows(positions, seqs, cache.n_kv(), window)
+        q = t.to_numpy(t.from_numpy(rng.standard_normal((len(positions), 2 * group, 16))))
+        mask = cache.mask(positions, seqs, cache.n_kv(), window)
+        want = NUMPY.attention(q.astype(np.float32), k, v, cache.n_kv(), mask, 0.25)
+        got = t.to_numpy(t.attention_rows(t.from_numpy(q), tk, tv, kv_rows, 0.25))
+        np.testing.assert_allclose(got, want, atol=1e-5 if dtype == "f32" else 3e-2)
+        tensors = t._rows_tensors(kv_rows)
+        assert tensors["causal"] == (first == 0 and window == 0)
+        assert (tensors["mask"] is None) == tensors["causal"]
+
+
 def test_rows_lists_each_sequence_in_position_order_with_padding():
     cache = KVCache(NUMPY, [None], 16, 3)
     cache.commit(np.arange(0, 4), np.arange(4), np.zeros(4))  # seq 0: pos 0-3 in cells 0-3
