@@ -138,7 +138,13 @@ class NativeGemv:
         y = self._empty(x.shape, dtype=x.dtype)
         w = 0 if weight_f32 is None else weight_f32.data_ptr()
         self.lib.tsr_rms_norm(
-            x.data_ptr(), x.numel() // n, n, w, eps, y.data_ptr(), self._dtypes[x.dtype],
+            x.data_ptr(),
+            x.numel() // n,
+            n,
+            w,
+            eps,
+            y.data_ptr(),
+            self._dtypes[x.dtype],
             self._threads(),
         )
         return y
