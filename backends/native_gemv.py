@@ -6,7 +6,10 @@ instead: it quantizes the few activation rows to int8 blocks of 32 and multiplie
 the GGUF block bytes in place using VNNI integer dot products (see the C file). It also
 dequantizes Q4_0 for prefill matmuls, bit for bit as the torch ops do, in one pass, and
 runs decode's RMSNorm (float32 statistics) and RoPE (bit for bit the torch ops' values) in
-one call each instead of several torch ops.
+one call each instead of several torch ops. On CPUs with AMX, ``native_amx.c`` runs larger
+bf16 matmuls (prefill, batches) of Q4_0 / Q8_0 weights on the tile units, dequantizing each
+block straight into a tile (:meth:`NativeGemv.matmul_tiles`; ``TESSERA_NATIVE_AMX_DISABLE=1``
+turns just that off).
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
 ``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
@@ -36,6 +39,10 @@ import attrs
 import numpy as np
 
 SOURCE = Path(__file__).with_name("native_gemv.c")
+#: Compiled together with SOURCE into the one library: the AMX prefill matmuls.
+AMX_SOURCE = Path(__file__).with_name("native_amx.c")
+#: ``1`` keeps matmuls off the AMX kernel (the rest of the native kernels stay on).
+AMX_DISABLE_ENV = "TESSERA_NATIVE_AMX_DISABLE"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: All of these, and one of VNNI_FLAG_SETS, must be in /proc/cpuinfo's flags.
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -44,6 +51,10 @@ VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
 COMPUTE_DTYPES = ("bf16", "f16")
 ABI = 5
+#: Matmuls of at least this many bf16 rows run on the AMX tiles where there are any; the
+#: VNNI kernel's / the AMX kernel's time (4864x896 and 896x4864, Q4_0 and Q8_0, 1 and 2
+#: threads): 0.55-0.86 at 8 rows, 1.06-1.54 at 16, 1.84-2.78 at 32, 2.8-4.2 at 64.
+AMX_MIN_ROWS = 16
 #: Block bytes per 32 weights of the types the kernels read.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
 #: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
@@ -63,6 +74,9 @@ class NativeGemv:
         self._empty = torch.empty
         self._threads = torch.get_num_threads  # what backend.set_threads (-t) set
         self._weight_sets: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        #: whether :meth:`matmul_tiles` runs (an AMX build whose tiles the OS granted)
+        self.amx = False
+        self._amx_scratch: Any = None
 
     def __repr__(self) -> str:
         return f"NativeGemv({str(self.path)!r})"
@@ -113,6 +127,39 @@ class NativeGemv:
             x.shape[0], y.data_ptr(), self._dtypes[x.dtype], self._threads(),
         )  # fmt: skip
         return y
+
+    def tiles_serve(self, n_rows: int, n_out: int, dtype: Any) -> bool:
+        """Whether :meth:`matmul_tiles` takes a matmul of this shape and dtype."""
+        import torch
+
+        return self.amx and n_rows >= AMX_MIN_ROWS and dtype == torch.bfloat16 and n_out % 32 == 0
+
+    def matmul_tiles(self, kind: str, w: Any, x: Any) -> Any:
+        """``x @ W.T`` on the AMX tile units for ``kind`` ``"Q8_0"`` or ``"Q4_0"`` (block
+        bytes as in :meth:`matmul`), ``x`` a ``(T, n_in)`` bfloat16 CPU tensor; each weight
+        block is dequantized to bf16 (the values prefill's dequantization gives) and the
+        products summed in float32. None where :meth:`tiles_serve` says no (no AMX, fewer
+        than ``AMX_MIN_ROWS`` rows, another dtype, ``n_out`` not a multiple of 32)."""
+        import torch
+
+        n_out = w.shape[0]
+        if not self.tiles_serve(x.shape[0], n_out, x.dtype):
+            return None
+        if not x.is_contiguous():
+            x = x.contiguous()
+        n_rows, n_in = x.shape
+        threads = self._threads()
+        need = threads * self.lib.tsr_amx_scratch_bytes(n_in) + 64
+        if self._amx_scratch is None or self._amx_scratch.numel() < need:
+            # kept between calls: layers ask for the same few sizes (at most ~1 MiB)
+            self._amx_scratch = torch.empty(need, dtype=torch.uint8)
+        aligned = -self._amx_scratch.data_ptr() % 64
+        y = self._empty((n_rows, n_out), dtype=x.dtype)
+        done = self.lib.tsr_matmul_amx(
+            TYPE_SIZES[kind], w.data_ptr(), n_out, n_in, x.data_ptr(), n_rows, y.data_ptr(),
+            self._amx_scratch.data_ptr() + aligned, threads,
+        )  # fmt: skip
+        return y if done else None
 
     def dequantize(self, kind: str, w: Any, dtype: Any) -> Any:
         """The ``"Q4_0"`` weight ``w`` (uint8 block bytes ``(n_out, row bytes)``, contiguous,
@@ -239,6 +286,10 @@ def disabled() -> bool:
     return os.environ.get("TESSERA_NATIVE_DISABLE", "").strip() not in ("", "0")
 
 
+def amx_disabled() -> bool:
+    return os.environ.get(AMX_DISABLE_ENV, "").strip() not in ("", "0")
+
+
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     try:
         text = cpuinfo.read_text()
@@ -271,7 +322,8 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
         [cc, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(flags).encode()):
+    sources = (SOURCE, AMX_SOURCE)
+    for part in (*(p.read_bytes() for p in sources), version.encode(), " ".join(flags).encode()):
         key.update(part)
     key.update(" ".join(sorted(cpu_flags())).encode())
     target = cache_dir() / f"gemv-{key.hexdigest()[:24]}.so"
@@ -282,7 +334,10 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300
+            [cc, *flags, "-o", tmp, *map(str, sources)],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
@@ -370,7 +425,16 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_gemv_n.restype = ctypes.c_int
     lib.tsr_block_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
     lib.tsr_block_decode.restype = ctypes.c_int
-    return NativeGemv(lib, path)
+    lib.tsr_amx_scratch_bytes.argtypes = [ctypes.c_int64]
+    lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
+    lib.tsr_matmul_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_matmul_amx.restype = ctypes.c_int
+    native = NativeGemv(lib, path)
+    # the OS grants the tile state on request (tsr_amx_init, once per process)
+    native.amx = not amx_disabled() and bool(lib.tsr_native_amx()) and bool(lib.tsr_amx_init())
+    return native
 
 
 def error_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -422,6 +486,29 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                             return False
     finally:
         torch.set_num_threads(saved)
+    return True
+
+
+def tiles_ok(native: NativeGemv) -> bool:
+    """The AMX matmul on random Q8_0 / Q4_0 weights (a ragged last row block) vs numpy:
+    within bf16's rounding of each output and float32 sums of the dequantized weights."""
+    import torch
+
+    from tessera.plugins import quant_q4_0, quant_q8_0
+
+    rng = np.random.default_rng(1)
+    for qmod, name in ((quant_q8_0, "Q8_0"), (quant_q4_0, "Q4_0")):
+        w = rng.standard_normal((64, 96)).astype(np.float32)
+        raw = torch.from_numpy(qmod.quantize(w))
+        dense = torch.from_numpy(qmod.dequantize(raw.numpy())).bfloat16().double().numpy()
+        x = torch.from_numpy(rng.standard_normal((35, 96)).astype(np.float32)).bfloat16()
+        got = native.matmul_tiles(name, raw, x)
+        if got is None:
+            return False
+        want = x.double().numpy() @ dense.T
+        exact = np.abs(x.double().numpy()) @ np.abs(dense).T
+        if not np.all(np.abs(got.double().numpy() - want) <= 2.0**-8 * np.abs(want) + 1e-5 * exact):
+            return False
     return True
 
 
@@ -549,6 +636,11 @@ def status(backend: Any) -> NativeStatus:
                 reason = f"VNNI kernels from {gemv.path}"
                 if not self_test(gemv):
                     gemv, reason = None, "self-test against numpy failed"
+                elif gemv.amx and not tiles_ok(gemv):
+                    gemv.amx = False
+                    reason += "; AMX matmuls off (self-test against numpy failed)"
+                elif gemv.amx:
+                    reason += "; AMX matmuls"
             except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
                 reason = f"build or load failed: {exc}"
         cache["native"] = NativeStatus(gemv, reason)

@@ -8,8 +8,9 @@ The torch kernel keeps weights 4-bit in torch's int4 groupwise layout (group siz
 Q4_0 block) and multiplies with ``_weight_int4pack_mm``; torch is imported only when the
 kernel is used. On a CPU whose native kernels pass their probe
 (:mod:`tessera.backends.native_gemv`), matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read
-the file's bytes with VNNI dot products instead, and prefill's dequantization to the
-compute dtype runs there too (bit for bit the torch path's values).
+the file's bytes with VNNI dot products instead, larger bf16 ones run on the AMX tile units
+where the CPU has them (each block dequantized into a tile), and prefill's dequantization
+to the compute dtype runs there too (bit for bit the torch path's values).
 """
 
 from __future__ import annotations
@@ -141,8 +142,12 @@ class TorchQ4_0Weight:
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 
-        if self.native is not None and x.shape[0] < NATIVE_MAX_ROWS:
-            return self.native.matmul("Q4_0", self.raw, x)
+        if self.native is not None:
+            y = self.native.matmul_tiles("Q4_0", self.raw, x)  # AMX: blocks into bf16 tiles
+            if y is not None:
+                return y
+            if x.shape[0] < NATIVE_MAX_ROWS:
+                return self.native.matmul("Q4_0", self.raw, x)
         if x.shape[0] >= self.dense_min_rows:
             return F.linear(x, self._dequantize(self.raw).to(x.dtype))
         packed, scales_and_zeros = self.int4()
@@ -152,7 +157,11 @@ class TorchQ4_0Weight:
     def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
         """``("Q4_0", block bytes)`` when a matmul of ``n_rows`` rows runs the native kernel
         (the backend may then batch it with other weights), else None."""
-        return ("Q4_0", self.raw) if self.native is not None and n_rows < NATIVE_MAX_ROWS else None
+        if self.native is None or n_rows >= NATIVE_MAX_ROWS:
+            return None
+        if self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
+            return None  # the AMX kernel takes these rows, one weight at a time
+        return "Q4_0", self.raw
 
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch

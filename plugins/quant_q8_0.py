@@ -109,13 +109,19 @@ class TorchQ8_0Weight:
         (the backend may then batch it with other weights), else None."""
         if self.native is None or n_rows >= NATIVE_MAX_ROWS:
             return None
+        if self.native[0].tiles_serve(n_rows, self.shape[0], self.dtype):
+            return None  # the AMX kernel takes these rows, one weight at a time
         return "Q8_0", self.native[1]
 
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 
-        if self.native is not None and x.shape[0] < NATIVE_MAX_ROWS:
-            return self.native[0].matmul("Q8_0", self.native[1], x)
+        if self.native is not None:
+            y = self.native[0].matmul_tiles("Q8_0", self.native[1], x)  # AMX (bf16 tiles)
+            if y is not None:
+                return y
+            if x.shape[0] < NATIVE_MAX_ROWS:
+                return self.native[0].matmul("Q8_0", self.native[1], x)
         if self.int4 is not None and x.shape[0] < self.dense_min_rows:
             mm, (hi, sz_hi), (lo, sz_lo) = self.int4
             y = mm(x, hi, BLOCK_SIZE, sz_hi).add_(mm(x, lo, BLOCK_SIZE, sz_lo))

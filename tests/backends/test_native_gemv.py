@@ -575,3 +575,127 @@ def test_q4_0_int4_layout_is_made_only_when_a_matmul_needs_it(native):
         want = x.astype(np.float64) @ dense.T
         assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
     assert w.packed is not None
+
+
+# -- the AMX prefill matmul (native_amx.c) ----------------------------------------------
+#
+# The kernel dequantizes each block to bf16 (the values the dequantize-then-matmul path
+# uses, so numpy multiplies those same bf16 weights), multiplies bf16 activations exactly
+# and sums in float32; the only other rounding is the bf16 output: at most 2^-8 of the
+# result, plus float32 sums (1e-5 of sum |x| |w|).
+
+
+@pytest.fixture(scope="module")
+def tiles(native):
+    if not native.amx:
+        if {"amx_tile", "amx_bf16", "avx512_bf16"} <= native_gemv.cpu_flags():
+            # the kernel can run here, so a build without it or a failed self-test is a bug
+            pytest.fail(f"AMX matmuls off on a CPU with AMX: {native_gemv.status(backend())}")
+        # Real skip: this CPU has no AMX tiles (the VNNI and torch paths are tested elsewhere;
+        # the project's machines have AMX)
+        pytest.skip("this CPU has no AMX-BF16")
+    return native
+
+
+def tiles_reference(name, raw, x):
+    """numpy float64 product with the weight dequantized and rounded to bf16, and sum |x||w|."""
+    dense = torch.from_numpy(QMODS[name].dequantize(raw)).bfloat16().double().numpy()
+    xs = x.double().numpy()
+    return xs @ dense.T, np.abs(xs) @ np.abs(dense).T
+
+
+def assert_tiles_close(got, want, exact):
+    err = np.abs(got.double().numpy() - want)
+    assert np.all(err <= 2.0**-8 * np.abs(want) + 1e-5 * exact + 1e-30), err.max()
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "n_out, n_in, rows",
+    # a ragged last row block, exactly one block, inputs from 32 to 4864, several strips
+    [(32, 32, 16), (64, 96, 33), (96, 256, 70), (160, 896, 64), (64, 4864, 17)],
+)
+def test_tiles_match_numpy(tiles, name, threads, n_out, n_in, rows, monkeypatch):
+    monkeypatch.setattr(tiles, "_threads", lambda: threads)
+    rng = np.random.default_rng(n_out + n_in + rows)
+    raw = weight_bytes(name, n_out, n_in, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, n_in)).astype(np.float32) * 3).bfloat16()
+    got = tiles.matmul_tiles(name, torch.from_numpy(raw), x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n_out)
+    assert_tiles_close(got, *tiles_reference(name, raw, x))
+
+
+def test_tiles_take_only_what_they_serve(tiles):
+    rng = np.random.default_rng(3)
+    raw = torch.from_numpy(weight_bytes("Q4_0", 48, 64, rng))  # 48 rows: not a multiple of 32
+    x = torch.randn(20, 64).bfloat16()
+    assert tiles.matmul_tiles("Q4_0", raw, x) is None
+    raw = torch.from_numpy(weight_bytes("Q4_0", 64, 64, rng))
+    assert tiles.matmul_tiles("Q4_0", raw, x[: native_gemv.AMX_MIN_ROWS - 1]) is None
+    assert tiles.matmul_tiles("Q4_0", raw, x.half()) is None
+    assert tiles.matmul_tiles("Q4_0", raw, x.T.contiguous().T) is not None  # made contiguous
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
+    """Below AMX_MIN_ROWS the VNNI kernel (and matmul_n may batch the weight); from there the
+    tiles (matmul_n must not batch it); with the switch, the VNNI kernel and then torch's
+    dense path, all within the tolerance of the same numpy product."""
+    qt = RUNTIME.quant_type_by_name(name)
+    rng = np.random.default_rng(4)
+    raw_bytes = weight_bytes(name, 64, 128, rng)
+    raw = RawTensor("w", qt.ggml_type, (64, 128), raw_bytes)
+    calls = []  # the kernels that gave a result
+
+    def spy(method):
+        real = getattr(native_gemv.NativeGemv, method)
+
+        def call(self, *args):
+            y = real(self, *args)
+            if y is not None:
+                calls.append(method)
+            return y
+
+        monkeypatch.setattr(native_gemv.NativeGemv, method, call)
+
+    spy("matmul")
+    spy("matmul_tiles")
+    weight = backend().load_weight(raw, qt)
+    for rows, kernel in ((5, "matmul"), (16, "matmul_tiles"), (100, "matmul_tiles")):
+        calls.clear()
+        x = torch.from_numpy(rng.standard_normal((rows, 128)).astype(np.float32)).bfloat16()
+        y = weight.matmul(x)
+        assert calls[-1] == kernel
+        assert (weight.native_gemv(rows) is None) == (kernel == "matmul_tiles")
+        if kernel == "matmul_tiles":
+            assert_tiles_close(y, *tiles_reference(name, raw_bytes, x))
+    monkeypatch.setenv(native_gemv.AMX_DISABLE_ENV, "1")
+    b = backend()
+    assert not native_gemv.probe(b).amx
+    off = b.load_weight(raw, qt)
+    calls.clear()
+    x = torch.from_numpy(rng.standard_normal((100, 128)).astype(np.float32)).bfloat16()
+    y = off.matmul(x)
+    assert calls == []  # torch's dense path
+    assert off.native_gemv(16) is not None  # decode's kernel takes 16 rows again
+    # torch's dense path (Q8_0 there rounds the scale to bf16 before the product: each
+    # weight within 2^-8 of its value)
+    want, exact = tiles_reference(name, raw_bytes, x)
+    err = np.abs(y.double().numpy() - want)
+    assert np.all(err <= 2.0**-8 * np.abs(want) + 2.0**-8 * exact)
+
+
+def test_a_build_without_amx_says_so_and_keeps_the_other_kernels(tiles, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    plain = native_gemv.load(native_gemv.build(flags=native_gemv.CFLAGS + ("-mno-amx-tile",)))
+    assert plain.lib.tsr_native_amx() == 0 and not plain.amx
+    x = torch.randn(40, 64).bfloat16()
+    raw = torch.from_numpy(weight_bytes("Q8_0", 64, 64, np.random.default_rng(6)))
+    assert plain.matmul_tiles("Q8_0", raw, x) is None
+    assert native_gemv.self_test(plain)
+
+
+def test_the_probe_reports_amx(tiles):
+    assert "AMX matmuls" in native_gemv.status(backend()).reason
+    assert native_gemv.tiles_ok(tiles)
