@@ -722,22 +722,25 @@ static inline __m256 round8(__m256 v, int dtype) {
 }
 
 /* y = a + b (n values of dtype, y may be a), or silu(a) * b when swiglu (silu rounded to
- * dtype before the product, as the eager torch ops round it; sigmoid from e^-|a|). */
-static void elementwise(const void *a, const void *b, int64_t n, void *y, int dtype, int swiglu) {
+ * dtype before the product, as the eager torch ops round it; sigmoid from e^-|a|). Whole
+ * vectors of 8 where they fit (a scalar loop here cost 6% of a decode block). */
+static inline __m256 elementwise8(__m256 va, __m256 vb, int dtype, int swiglu) {
+    if (!swiglu) return _mm256_add_ps(va, vb);
     const __m256 one = _mm256_set1_ps(1.0f);
-    for (int64_t i = 0; i < n; i += 8) {
-        const int64_t w = n - i < 8 ? n - i : 8;
+    const __m256 e = exp_nonpos(_mm256_or_ps(va, _mm256_set1_ps(-0.0f)));
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, va), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(round8(_mm256_mul_ps(va, sig), dtype), vb);
+}
+
+static void elementwise(const void *a, const void *b, int64_t n, void *y, int dtype, int swiglu) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        store8(y, i, elementwise8(load8(a, i, dtype), load8(b, i, dtype), dtype, swiglu), dtype);
+    if (i < n) {
         float a8[8] = {0}, b8[8] = {0}, y8[8];
-        for (int64_t k = 0; k < w; k++) a8[k] = load1(a, i + k, dtype), b8[k] = load1(b, i + k, dtype);
-        const __m256 va = _mm256_loadu_ps(a8);
-        if (swiglu) {
-            const __m256 e = exp_nonpos(_mm256_or_ps(va, _mm256_set1_ps(-0.0f)));
-            const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, va), _mm256_add_ps(one, e));
-            _mm256_storeu_ps(y8, _mm256_mul_ps(round8(_mm256_mul_ps(va, sig), dtype), _mm256_loadu_ps(b8)));
-        } else {
-            _mm256_storeu_ps(y8, _mm256_add_ps(va, _mm256_loadu_ps(b8)));
-        }
-        for (int64_t k = 0; k < w; k++) store1(y, i + k, y8[k], dtype);
+        for (int64_t k = 0; i + k < n; k++) a8[k] = load1(a, i + k, dtype), b8[k] = load1(b, i + k, dtype);
+        _mm256_storeu_ps(y8, elementwise8(_mm256_loadu_ps(a8), _mm256_loadu_ps(b8), dtype, swiglu));
+        for (int64_t k = 0; i + k < n; k++) store1(y, i + k, y8[k], dtype);
     }
 }
 
