@@ -1,6 +1,9 @@
 """Physical limits of this machine for bench/perf_vs_llamacpp.py: what no runtime can beat.
 
-- memory read bandwidth: a summed 1 GiB float32 tensor (far larger than the caches);
+- memory read bandwidth: a summed 1 GiB float32 tensor (far larger than the caches),
+  measured once up front and again before every repetition round of the comparison (this
+  shared machine's bandwidth drifts by 1.5x over minutes, so a decode result is set against
+  the bandwidth measured next to it);
 - matmul peak: square torch matmuls in float32 and bfloat16 (bf16 uses the AMX/AVX512
   matrix units where the CPU has them);
 - decode ceiling of a GGUF file: bandwidth / bytes of the weights one token reads (every
@@ -46,16 +49,24 @@ def measure(threads: int, repeat: int = 5, n: int = 2048) -> Limits:
     import torch
 
     torch.set_num_threads(threads)
+    bandwidth = read_bandwidth(threads, repeat)
     with torch.inference_mode():
-        big = torch.ones(1 << 28, dtype=torch.float32)  # 1 GiB
-        bandwidth = big.numel() * 4 / _best_seconds(big.sum, repeat)
-        del big
         peaks = []
         for dtype in (torch.float32, torch.bfloat16):
             a = torch.randn(n, n).to(dtype)
             b = torch.randn(n, n).to(dtype)
             peaks.append(2 * n**3 / _best_seconds(lambda a=a, b=b: a @ b, repeat))
     return Limits(bandwidth, *peaks)
+
+
+def read_bandwidth(threads: int, repeat: int = 3) -> float:
+    """Bytes/s of the best of ``repeat`` sums of a 1 GiB float32 tensor on ``threads``."""
+    import torch
+
+    torch.set_num_threads(threads)
+    with torch.inference_mode():
+        big = torch.ones(1 << 28, dtype=torch.float32)
+        return big.numel() * 4 / _best_seconds(big.sum, repeat)
 
 
 @attrs.frozen

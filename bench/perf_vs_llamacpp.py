@@ -13,8 +13,10 @@ per-repetition ratios. Tests as llama-bench: ``pp<n>`` = n prompt tokens into an
 cache in one batch, ``tg<n>`` = n tokens one at a time into an empty cache.
 
 The same run measures the machine's limits (bench/perf_limits.py) and prints each result
-as a fraction of its ceiling. Without llama.cpp the table shows the numbers quoted in
-issue 12 (measured earlier on this machine), labelled as quoted.
+as a fraction of its ceiling; the read bandwidth is measured again at the start of every
+repetition round, and each decode result is set against its own round's bandwidth.
+Without llama.cpp the table shows the numbers quoted in issue 12 (measured earlier on
+this machine), labelled as quoted.
 """
 
 from __future__ import annotations
@@ -155,11 +157,20 @@ def llama_engine(args: argparse.Namespace, path: Path) -> Any:
         return None
 
 
-def interleave(engines: list[Any], tests: list[tuple[int, int]], reps: int, results: dict) -> None:
-    """Warm-up, then rep by rep every engine runs every test; samples in tokens/s."""
+#: The results key of the read bandwidth measured before each repetition round (bytes/s).
+BANDWIDTH = ("machine", "bandwidth")
+
+
+def interleave(
+    engines: list[Any], tests: list[tuple[int, int]], reps: int, results: dict, threads: int
+) -> None:
+    """Warm-up, then rep by rep: the read bandwidth, then every engine runs every test;
+    samples in tokens/s (bandwidth in bytes/s under :data:`BANDWIDTH`)."""
     for engine in engines:
         engine.run(8, 1)
     for rep in range(reps):
+        results.setdefault(BANDWIDTH, []).append(perf_limits.read_bandwidth(threads))
+        print(f"  rep {rep + 1} read bandwidth {results[BANDWIDTH][-1] / 1e9:.1f} GB/s", flush=True)
         for engine in engines:
             for n_prompt, n_gen in tests:
                 seconds = engine.run(n_prompt, n_gen)
@@ -199,7 +210,7 @@ def report(rows: list[dict], limits: perf_limits.Limits, args: argparse.Namespac
         hf_best = max(
             (k for k in hf if k[1] == "tg"), key=lambda k: statistics.fmean(hf[k]), default=None
         )
-        for name in dict.fromkeys(k[0] for k in res):
+        for name in dict.fromkeys(k[0] for k in res if k != BANDWIDTH):
             p, t = res.get((name, "pp")), res.get((name, "tg"))
             vs_pp = _ratio(p, res.get((llama, "pp"))) if llama and name != llama else "-"
             vs_tg = _ratio(t, res.get((llama, "tg"))) if llama and name != llama else "-"
@@ -211,7 +222,10 @@ def report(rows: list[dict], limits: perf_limits.Limits, args: argparse.Namespac
                 vs_pp = f"{statistics.median(p) / qp:.2f}x (quoted)" if p else "-"
                 vs_tg = f"{statistics.median(t) / qt:.2f}x (quoted)" if t else "-"
             frac_pp = f"{statistics.median(p) / ceil_pp:.0%}" if p else "-"
-            frac_tg = f"{statistics.median(t) / ceil_tg:.0%}" if t else "-"
+            frac_tg = "-"
+            if t:  # each round's result against the bandwidth measured in that round
+                fracs = [x * row["bytes"] / b for x, b in zip(t, res[BANDWIDTH], strict=True)]
+                frac_tg = f"{statistics.median(fracs):.0%}"
             print(f"| {row['model']} | {row['type']} | {name} | {_fmt(p)} | {_fmt(t)} | {vs_pp} "
                   f"| {vs_tg} | {vs_hf} | {frac_pp} | {frac_tg} |")  # fmt: skip
         if not llama and row["quoted"]:
@@ -219,7 +233,10 @@ def report(rows: list[dict], limits: perf_limits.Limits, args: argparse.Namespac
             print(f"| {row['model']} | {row['type']} | llama.cpp (quoted in issue 12, not "
                   f"this run) | {qp} | {qt} | - | - | - | {qp / ceil_pp:.0%} | "
                   f"{qt / ceil_tg:.0%} |")  # fmt: skip
-    print("\nceilings: " + "; ".join(
+    print("\nread bandwidth per round (GB/s; the tg / ceiling column uses these): " + "; ".join(
+        f"{r['model']} {r['type']}: " + ", ".join(f"{b / 1e9:.1f}" for b in r["results"][BANDWIDTH])
+        for r in rows))  # fmt: skip
+    print("\nceilings (up-front bandwidth): " + "; ".join(
         f"{r['model']} {r['type']}: pp {r['ceilings'][0]:.0f} t/s, tg {r['ceilings'][1]:.1f} t/s "
         f"({r['bytes'] / gib:.2f} GiB read per token)" for r in rows))  # fmt: skip
 
@@ -267,7 +284,7 @@ def main() -> None:
             if i == 0 and not args.no_hf:  # HF runs no GGUF types: once per model
                 engines += [HFEngine(engines[0].model, d, args.threads) for d in ("f32", "bf16")]
             results: dict = {}
-            interleave(engines, tests, args.repetitions, results)
+            interleave(engines, tests, args.repetitions, results, args.threads)
             if i == 0:
                 hf_results = {k: v for k, v in results.items() if k[0].startswith("HF")}
             cost = perf_limits.model_cost(path)
