@@ -127,14 +127,14 @@ static inline void transpose16(__m512i r[16]) {
     }
 }
 
-/* The W tiles of output columns j0..j0+31 for every 32 inputs: tiles[2 * kb + h] holds
- * columns j0 + 16h .. j0 + 16h + 15 of input block kb, rows = input pairs. */
-static void dequantize_strip(const uint8_t *w, int64_t row_bytes, int64_t nb, int type_size,
-                             int64_t j0, uint8_t *tiles) {
+/* The W tiles of a strip for every 32 inputs: tiles[2 * kb + h] holds the 16 weight rows
+ * (output columns) starting at half[h], input block kb, as rows of input pairs. */
+static void dequantize_strip(const uint8_t *const half[2], int64_t row_bytes, int64_t nb,
+                             int type_size, uint8_t *tiles) {
     __m512i r[16];
     for (int64_t kb = 0; kb < nb; kb++)
         for (int h = 0; h < 2; h++) {
-            const uint8_t *blk = w + (j0 + 16 * h) * row_bytes + kb * type_size;
+            const uint8_t *blk = half[h] + kb * type_size;
             for (int j = 0; j < 16; j++, blk += row_bytes)
                 r[j] = type_size == 18 ? q4_0_pairs(blk) : q8_0_pairs(blk);
             transpose16(r);
@@ -143,11 +143,39 @@ static void dequantize_strip(const uint8_t *w, int64_t row_bytes, int64_t nb, in
         }
 }
 
-/* y rows i0..i0+n_rows-1 (n_rows <= 32), columns j0..j0+31, from x rows at xr (stride
- * x_stride bytes, 32 rows readable). */
+/* e^x for x <= 0 (float32; e^x = 2^t, t = x log2 e, 2^frac(t) by a degree-6 polynomial,
+ * about 1e-7 relative) -> 0 below -104. */
+static inline __m512 exp_nonpos512(__m512 x) {
+    const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)),
+                                   _mm512_set1_ps(-150.0f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(t, n); /* [-0.5, 0.5] */
+    __m512 p = _mm512_set1_ps(1.535336188e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* silu(g) * u in float32: g * sigmoid(g), the sigmoid from e^-|g| (no overflow). */
+static inline __m512 swiglu16(__m512 g, __m512 u) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_nonpos512(_mm512_or_ps(g, _mm512_set1_ps(-0.0f)));
+    const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(neg, one, e), _mm512_add_ps(one, e));
+    return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+}
+
+/* Rows i0..i0+n_rows-1 (n_rows <= 32) of x (at xr, stride x_stride bytes, 32 rows
+ * readable) times a strip. Plain: y columns j0..j0+31 are the strip's two halves. SwiGLU
+ * (the halves are 16 gate rows and the same 16 up rows): y columns j0..j0+15 are
+ * silu(gate) * up, rounded once. */
 static void rows_times_strip(const uint8_t *xr, int64_t x_stride, const uint8_t *tiles,
                              int64_t nb, uint16_t *y, int64_t n, int64_t i0, int64_t n_rows,
-                             int64_t j0) {
+                             int64_t j0, int swiglu) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -169,18 +197,24 @@ static void rows_times_strip(const uint8_t *xr, int64_t x_stride, const uint8_t 
     _tile_stored(3, acc[3], 64);
     for (int64_t i = 0; i < n_rows; i++) {
         const int b = (int)(i / 16) * 2, r = (int)(i % 16);
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(_mm512_load_ps(acc[b + 1][r]),
-                                                          _mm512_load_ps(acc[b][r]));
-        _mm512_storeu_si512(y + (i0 + i) * n + j0, both);
+        const __m512 lo = _mm512_load_ps(acc[b][r]), hi = _mm512_load_ps(acc[b + 1][r]);
+        if (swiglu)
+            _mm256_storeu_si256((__m256i *)(y + (i0 + i) * n + j0),
+                                (__m256i)_mm512_cvtneps_pbh(swiglu16(lo, hi)));
+        else
+            _mm512_storeu_si512(y + (i0 + i) * n + j0, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
 }
 
-/* y (m, n) = x (m, k) @ W.T, x and y bfloat16 (contiguous), W n rows of Q4_0 (type_size
- * 18) or Q8_0 (34) blocks; n a multiple of 32. scratch: n_threads * tsr_amx_scratch_bytes
- * (k) bytes, 64-byte aligned. Returns 0 (nothing written) where it does not apply. */
-int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
-                   int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
-    if (n % AMX_STRIP || k % 32 || m < 1 || (type_size != 18 && type_size != 34)) return 0;
+/* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
+ * multiple of 16), x (m, k) and y bfloat16, contiguous; W, W2 n rows of Q4_0 (type_size
+ * 18) or Q8_0 (34) blocks. scratch: n_threads * tsr_amx_scratch_bytes(k) bytes, 64-byte
+ * aligned. Returns 0 (nothing written) where it does not apply. */
+static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n,
+                        int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
+                        int n_threads) {
+    const int64_t step = w2 ? AMX_STRIP / 2 : AMX_STRIP; /* output columns per strip */
+    if (n % step || k % 32 || m < 1 || (type_size != 18 && type_size != 34)) return 0;
     const int64_t nb = k / 32, row_bytes = nb * type_size, x_stride = k * 2;
     const int64_t per_thread = tsr_amx_scratch_bytes(k), full = m / AMX_ROWS * AMX_ROWS;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
@@ -194,16 +228,31 @@ int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const 
         configure_tiles();
         /* guided: long runs of strips first, then short ones, so a late thread does less */
 #pragma omp for schedule(guided)
-        for (int64_t j0 = 0; j0 < n; j0 += AMX_STRIP) {
-            dequantize_strip(w, row_bytes, nb, type_size, j0, tiles);
+        for (int64_t j0 = 0; j0 < n; j0 += step) {
+            const uint8_t *half[2] = {w + j0 * row_bytes,
+                                      w2 ? w2 + j0 * row_bytes : w + (j0 + 16) * row_bytes};
+            dequantize_strip(half, row_bytes, nb, type_size, tiles);
             for (int64_t i0 = 0; i0 < full; i0 += AMX_ROWS)
                 rows_times_strip((const uint8_t *)x + i0 * x_stride, x_stride, tiles, nb, y, n,
-                                 i0, AMX_ROWS, j0);
-            if (full < m) rows_times_strip(tail, x_stride, tiles, nb, y, n, full, m - full, j0);
+                                 i0, AMX_ROWS, j0, w2 != NULL);
+            if (full < m)
+                rows_times_strip(tail, x_stride, tiles, nb, y, n, full, m - full, j0, w2 != NULL);
         }
         _tile_release();
     }
     return 1;
+}
+
+int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+                   int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
+    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, scratch, n_threads);
+}
+
+/* An FFN's gate and up projections and silu(gate) * up in one pass (see matmul_tiles). */
+int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+                   int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
+                   int n_threads) {
+    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, scratch, n_threads);
 }
 
 int tsr_native_amx(void) { return 1; }
@@ -214,6 +263,12 @@ int tsr_amx_init(void) { return 0; }
 
 int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                    int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
+    return 0;
+}
+
+int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+                   int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
+                   int n_threads) {
     return 0;
 }
 

@@ -128,11 +128,13 @@ class NativeGemv:
         )  # fmt: skip
         return y
 
-    def tiles_serve(self, n_rows: int, n_out: int, dtype: Any) -> bool:
-        """Whether :meth:`matmul_tiles` takes a matmul of this shape and dtype."""
+    def tiles_serve(self, n_rows: int, n_out: int, dtype: Any, multiple: int = 32) -> bool:
+        """Whether :meth:`matmul_tiles` takes a matmul of this shape and dtype
+        (:meth:`swiglu_tiles`: ``multiple=16``)."""
         import torch
 
-        return self.amx and n_rows >= AMX_MIN_ROWS and dtype == torch.bfloat16 and n_out % 32 == 0
+        ok = self.amx and n_rows >= AMX_MIN_ROWS and dtype == torch.bfloat16
+        return ok and n_out % multiple == 0
 
     def matmul_tiles(self, kind: str, w: Any, x: Any) -> Any:
         """``x @ W.T`` on the AMX tile units for ``kind`` ``"Q8_0"`` or ``"Q4_0"`` (block
@@ -140,10 +142,22 @@ class NativeGemv:
         block is dequantized to bf16 (the values prefill's dequantization gives) and the
         products summed in float32. None where :meth:`tiles_serve` says no (no AMX, fewer
         than ``AMX_MIN_ROWS`` rows, another dtype, ``n_out`` not a multiple of 32)."""
+        return self._tiles(self.lib.tsr_matmul_amx, kind, (w,), x)
+
+    def swiglu_tiles(self, kind: str, w_gate: Any, w_up: Any, x: Any) -> Any:
+        """``silu(x @ W_gate.T) * (x @ W_up.T)`` on the AMX tile units (as
+        :meth:`matmul_tiles`, the two weights of one shape and kind, ``n_out`` a multiple of
+        16), the product formed in float32 and rounded once; None where
+        :meth:`tiles_serve` says no."""
+        if w_gate.shape != w_up.shape:
+            return None
+        return self._tiles(self.lib.tsr_swiglu_amx, kind, (w_gate, w_up), x, 16)
+
+    def _tiles(self, fn: Any, kind: str, ws: tuple[Any, ...], x: Any, multiple: int = 32) -> Any:
         import torch
 
-        n_out = w.shape[0]
-        if not self.tiles_serve(x.shape[0], n_out, x.dtype):
+        n_out = ws[0].shape[0]
+        if not self.tiles_serve(x.shape[0], n_out, x.dtype, multiple):
             return None
         if not x.is_contiguous():
             x = x.contiguous()
@@ -155,9 +169,9 @@ class NativeGemv:
             self._amx_scratch = torch.empty(need, dtype=torch.uint8)
         aligned = -self._amx_scratch.data_ptr() % 64
         y = self._empty((n_rows, n_out), dtype=x.dtype)
-        done = self.lib.tsr_matmul_amx(
-            TYPE_SIZES[kind], w.data_ptr(), n_out, n_in, x.data_ptr(), n_rows, y.data_ptr(),
-            self._amx_scratch.data_ptr() + aligned, threads,
+        done = fn(
+            TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
+            y.data_ptr(), self._amx_scratch.data_ptr() + aligned, threads,
         )  # fmt: skip
         return y if done else None
 
@@ -431,6 +445,8 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int]
     lib.tsr_matmul_amx.restype = ctypes.c_int
+    lib.tsr_swiglu_amx.argtypes = lib.tsr_matmul_amx.argtypes[:2] + lib.tsr_matmul_amx.argtypes[1:]
+    lib.tsr_swiglu_amx.restype = ctypes.c_int
     native = NativeGemv(lib, path)
     # the OS grants the tile state on request (tsr_amx_init, once per process)
     native.amx = not amx_disabled() and bool(lib.tsr_native_amx()) and bool(lib.tsr_amx_init())

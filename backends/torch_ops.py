@@ -152,6 +152,18 @@ class TorchBackend(Backend):
                     return list(y.split([w.shape[0] for w in weights], dim=1))
         return super().matmul_n(x, weights, biases)
 
+    def gate_up_swiglu(self, x, w_gate, w_up):
+        """One AMX pass (gate and up tiles side by side, silu(gate) * up formed in float32)
+        where both weights have a native tile kernel at this row count; else the default."""
+        native = self._native()
+        if native is not None:
+            found = [getattr(w, "native_tiles", _no_native)(x.shape[0]) for w in (w_gate, w_up)]
+            if all(found) and found[0][0] == found[1][0]:
+                y = native.swiglu_tiles(found[0][0], found[0][1], found[1][1], x)
+                if y is not None:
+                    return y
+        return super().gate_up_swiglu(x, w_gate, w_up)
+
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         if isinstance(w, torch.Tensor):
             return F.embedding(self._index(ids), w)

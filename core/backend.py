@@ -55,6 +55,7 @@ OPTIONAL_OPS = (
     "moe_ffn",
     "linear",
     "matmul_n",
+    "gate_up_swiglu",
     "decoder_block",
 )
 
@@ -304,6 +305,18 @@ class Backend(ABC):
             y = self.matmul(x, w)
             out.append(y if bias is None else self.add(y, bias))
         return out
+
+    def gate_up_swiglu(self, x: Any, w_gate: Any, w_up: Any) -> Any:
+        """``swiglu(matmul(x, w_gate), matmul(x, w_up))``: a SwiGLU FFN's gate and up
+        projections and their product in one op.
+
+        A backend may run it as one fused kernel (each output rounded once, from float32
+        gate and up values, instead of after each step) and answer True to
+        ``supports("gate_up_swiglu")``; this default composes :meth:`matmul_n` and
+        :meth:`swiglu`, so architectures may always call it.
+        """
+        gate, up = self.matmul_n(x, [w_gate, w_up])
+        return self.swiglu(gate, up)
 
     def decoder_block(
         self,

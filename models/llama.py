@@ -420,8 +420,8 @@ class LlamaGraph:
     def _ffn(self, il: int, h: Any) -> Any:
         """SwiGLU FFN of layer ``il`` (tensor parallel overrides it to sum partial outputs)."""
         b, p = self.b, f"blk.{il}."
-        gate, up = b.matmul_n(h, [self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"]])
-        return b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down.weight"])
+        act = b.gate_up_swiglu(h, self.w[p + "ffn_gate.weight"], self.w[p + "ffn_up.weight"])
+        return b.matmul(act, self.w[p + "ffn_down.weight"])
 
     def _logits(self, x: Any) -> Any:
         """The LM head over normalized hidden states (tensor parallel may split it by vocab)."""

@@ -163,6 +163,13 @@ class TorchQ4_0Weight:
             return None  # the AMX kernel takes these rows, one weight at a time
         return "Q4_0", self.raw
 
+    def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
+        """``("Q4_0", block bytes)`` when a matmul of ``n_rows`` rows runs on the AMX tiles
+        (the backend may then fuse it with another weight), else None."""
+        if self.native is None or not self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
+            return None
+        return "Q4_0", self.raw
+
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch
 

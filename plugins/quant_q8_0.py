@@ -113,6 +113,15 @@ class TorchQ8_0Weight:
             return None  # the AMX kernel takes these rows, one weight at a time
         return "Q8_0", self.native[1]
 
+    def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
+        """``("Q8_0", block bytes)`` when a matmul of ``n_rows`` rows runs on the AMX tiles
+        (the backend may then fuse it with another weight), else None."""
+        if self.native is None:
+            return None
+        if not self.native[0].tiles_serve(n_rows, self.shape[0], self.dtype):
+            return None
+        return "Q8_0", self.native[1]
+
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 

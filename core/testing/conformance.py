@@ -54,6 +54,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope_ext": 2e-5,
         "moe_ffn": 1e-4,
         "matmul_n": 1e-4,
+        "gate_up_swiglu": 1e-4,
         "decoder_block": 1e-4,
     },
     "f16": {
@@ -65,6 +66,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope_ext": 4e-3,
         "moe_ffn": 1e-2,
         "matmul_n": 1e-2,
+        "gate_up_swiglu": 1e-2,
         "decoder_block": 1e-2,
     },
     "bf16": {
@@ -76,6 +78,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "rope_ext": 2e-2,
         "moe_ffn": 3e-2,
         "matmul_n": 2e-2,
+        "gate_up_swiglu": 2e-2,
         "decoder_block": 3e-2,
     },
 }

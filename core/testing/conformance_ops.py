@@ -463,6 +463,7 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *moe_ffn_cases(qtypes),
         *linear_cases(qtypes),
         *matmul_n_cases(qtypes),
+        *gate_up_swiglu_cases(qtypes),
         *decoder_block_cases(qtypes),
     ]
 
@@ -545,6 +546,31 @@ def matmul_n_cases(qtypes: list[Any]) -> list[Case]:
                         b, b.matmul_n(a["x"], [a["w0"], a["w1"], a["w2"]], [a["b0"], None, a["b2"]])
                     ),
                     (n_tokens * 72,),
+                )
+            )
+    return cases
+
+
+def gate_up_swiglu_cases(qtypes: list[Any]) -> list[Case]:
+    """``gate_up_swiglu``: an FFN's gate and up weights of one type (64 outputs each) on
+    one input; decode (1 row), a small batch (7) and a prefill-sized one (40 rows: fused
+    kernels may take only larger row counts)."""
+    cases = []
+    for qt in qtypes:
+        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        for n_tokens in (1, 7, 40):
+            cases.append(
+                Case(
+                    f"gate_up_swiglu-{qt.name}-T{n_tokens}-N64-K{n_in}",
+                    "gate_up_swiglu",
+                    {"quant_type": qt.name},
+                    lambda rng, qt=qt, k=n_in, t=n_tokens: {
+                        "x": _normal(rng, t, k),
+                        "gate": Weight(_normal(rng, 64, k, scale=0.1), qt),
+                        "up": Weight(_normal(rng, 64, k, scale=0.1), qt),
+                    },
+                    lambda b, a: b.gate_up_swiglu(a["x"], a["gate"], a["up"]),
+                    (n_tokens, 64),
                 )
             )
     return cases

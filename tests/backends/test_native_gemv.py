@@ -699,3 +699,47 @@ def test_a_build_without_amx_says_so_and_keeps_the_other_kernels(tiles, tmp_path
 def test_the_probe_reports_amx(tiles):
     assert "AMX matmuls" in native_gemv.status(backend()).reason
     assert native_gemv.tiles_ok(tiles)
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_ff, n_in, rows", [(16, 32, 16), (48, 96, 33), (80, 896, 70)])
+def test_swiglu_tiles_match_numpy(tiles, name, threads, n_ff, n_in, rows, monkeypatch):
+    """silu(x Wg^T) * (x Wu^T) from float32 gate and up values, rounded once to bf16."""
+    monkeypatch.setattr(tiles, "_threads", lambda: threads)
+    rng = np.random.default_rng(n_ff + n_in + rows)
+    raw_g, raw_u = (weight_bytes(name, n_ff, n_in, rng) for _ in range(2))
+    x = torch.from_numpy(rng.standard_normal((rows, n_in)).astype(np.float32)).bfloat16()
+    got = tiles.swiglu_tiles(name, torch.from_numpy(raw_g), torch.from_numpy(raw_u), x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n_ff)
+    (g, exact_g), (u, exact_u) = (tiles_reference(name, r, x) for r in (raw_g, raw_u))
+    silu = g / (1 + np.exp(-g))
+    want = silu * u
+    # float32 sums move g and u by 1e-5 of sum |x||w|; silu' <= 1.1; then bf16's rounding
+    sums = 1e-5 * (1.1 * exact_g * (np.abs(u) + exact_u) + (np.abs(silu) + exact_g) * exact_u)
+    err = np.abs(got.double().numpy() - want)
+    assert np.all(err <= 2.0**-8 * np.abs(want) + sums + 1e-30), err.max()
+    assert np.abs(want).max() > 1  # the values span more than the rounding
+
+
+def test_gate_up_swiglu_takes_the_tiles_from_16_rows(tiles, monkeypatch):
+    qt = RUNTIME.quant_type_by_name("Q4_0")
+    rng = np.random.default_rng(8)
+    b = backend()
+    gate, up = (
+        b.load_weight(RawTensor(n, qt.ggml_type, (64, 128), weight_bytes("Q4_0", 64, 128, rng)), qt)
+        for n in ("gate", "up")
+    )
+    calls = []
+    real = native_gemv.NativeGemv.swiglu_tiles
+    monkeypatch.setattr(
+        native_gemv.NativeGemv, "swiglu_tiles", lambda *a: calls.append(a[-1].shape) or real(*a)
+    )
+    for rows in (5, 16, 40):
+        x = b.from_numpy(rng.standard_normal((rows, 128)).astype(np.float32))
+        fused = b.gate_up_swiglu(x, gate, up)
+        g, u = b.matmul_n(x, [gate, up])
+        ops = b.to_numpy(b.swiglu(g, u))
+        # the op path rounds gate, up and silu to bf16 first: within a few bf16 steps
+        np.testing.assert_allclose(b.to_numpy(fused), ops, rtol=2**-6, atol=2**-6)
+    assert [r for r, _ in calls] == [16, 40]
