@@ -352,13 +352,13 @@ class LlamaGraph:
         kv = inp.kv
         decode = len(inp.tokens) == 1 and all_rows and kv.path == "rows"
         blocks = self._decoder_blocks() if decode else None
+        rows, cell = (kv.rows_for(), int(kv.cells[0])) if blocks is not None else (None, 0)
         for il in range(c.n_layer):
             p = f"blk.{il}."
             if blocks is not None:
                 # decode: the whole block in one backend call where the backend can
                 y = b.decoder_block(
-                    x, blocks[il], kv.k[il], kv.v[il], int(kv.cells[0]), kv.rows_for(),
-                    inp.positions,
+                    x, blocks[il], kv.k[il], kv.v[il], cell, rows, inp.positions
                 )  # fmt: skip
                 if y is not None:
                     x = y
