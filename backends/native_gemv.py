@@ -441,12 +441,12 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_block_decode.restype = ctypes.c_int
     lib.tsr_amx_scratch_bytes.argtypes = [ctypes.c_int64]
     lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
-    lib.tsr_matmul_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
-    lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    lib.tsr_matmul_amx.argtypes += [ctypes.c_void_p, ctypes.c_int]
-    lib.tsr_matmul_amx.restype = ctypes.c_int
-    lib.tsr_swiglu_amx.argtypes = lib.tsr_matmul_amx.argtypes[:2] + lib.tsr_matmul_amx.argtypes[1:]
-    lib.tsr_swiglu_amx.restype = ctypes.c_int
+    # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
+    after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_matmul_amx.argtypes = [ctypes.c_int, ctypes.c_void_p] + after_weights
+    lib.tsr_swiglu_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
+    lib.tsr_matmul_amx.restype = lib.tsr_swiglu_amx.restype = ctypes.c_int
     native = NativeGemv(lib, path)
     # the OS grants the tile state on request (tsr_amx_init, once per process)
     native.amx = not amx_disabled() and bool(lib.tsr_native_amx()) and bool(lib.tsr_amx_init())

@@ -7,10 +7,11 @@ of the block and high nibbles values 16..31; value = ``(q - 8) * d``. The quanti
 The torch kernel keeps weights 4-bit in torch's int4 groupwise layout (group size 32 = one
 Q4_0 block) and multiplies with ``_weight_int4pack_mm``; torch is imported only when the
 kernel is used. On a CPU whose native kernels pass their probe
-(:mod:`tessera.backends.native_gemv`), matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read
-the file's bytes with VNNI dot products instead, larger bf16 ones run on the AMX tile units
-where the CPU has them (each block dequantized into a tile), and prefill's dequantization
-to the compute dtype runs there too (bit for bit the torch path's values).
+(:mod:`tessera.backends.native_gemv`), bf16 matmuls of ``AMX_MIN_ROWS`` rows or more run
+on the AMX tile units where the CPU has them (each block dequantized into a tile), other
+matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read the file's bytes with VNNI dot products,
+and prefill's dequantization to the compute dtype runs there too (bit for bit the torch
+path's values).
 """
 
 from __future__ import annotations
