@@ -21,10 +21,16 @@ def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.nda
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
+def _matmul_inputs(qt: Any) -> int:
+    """Input width of the matmul-like cases: 256, or 4 blocks of a type whose block does
+    not divide 256."""
+    return 256 if 256 % qt.block_size == 0 else 4 * qt.block_size
+
+
 def matmul_cases(qtypes: list[Any]) -> list[Case]:
     cases = []
     for qt in qtypes:
-        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size
+        n_in = _matmul_inputs(qt)
         n_out = 48
         for n_tokens in (1, 7, 33):
             cases.append(
@@ -472,7 +478,7 @@ def linear_cases(qtypes: list[Any]) -> list[Case]:
     """``linear``: matmul plus a bias row, on every weight type (BERT's dense layers)."""
     cases = []
     for qt in qtypes:
-        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        n_in = _matmul_inputs(qt)
         cases.append(
             Case(
                 f"linear-{qt.name}-T7-N48-K{n_in}",
@@ -526,7 +532,7 @@ def matmul_n_cases(qtypes: list[Any]) -> list[Case]:
     outputs), biases on two of them; decode (1 row) and a small batch (7 rows)."""
     cases = []
     for qt in qtypes:
-        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        n_in = _matmul_inputs(qt)
         for n_tokens in (1, 7):
             cases.append(
                 Case(
@@ -557,7 +563,7 @@ def gate_up_swiglu_cases(qtypes: list[Any]) -> list[Case]:
     kernels may take only larger row counts)."""
     cases = []
     for qt in qtypes:
-        n_in = 256 if 256 % qt.block_size == 0 else 4 * qt.block_size  # as matmul_cases
+        n_in = _matmul_inputs(qt)
         for n_tokens in (1, 7, 40):
             cases.append(
                 Case(
