@@ -509,9 +509,10 @@ def rotate(
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
-#: RMSNorm and RoPE inputs smaller than this (decode, a few rows) run the native kernels
-#: where their probe passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns them
-#: off); larger ones stay on torch's kernels, which use every thread.
+#: RoPE inputs smaller than this (decode, a few rows) run the native kernel where its probe
+#: passes (bf16/f16 on a VNNI CPU; ``TESSERA_NATIVE_DISABLE=1`` turns it off); larger ones
+#: stay on torch's ops, which use every thread. (RMSNorm runs natively at every size: its
+#: kernel splits rows over the threads.)
 NATIVE_SMALL_OP_VALUES = 1 << 16
 #: Weights per native matmul_n call (tessera.backends.native_gemv.MAX_WEIGHTS).
 MAX_NATIVE_WEIGHTS = 8
