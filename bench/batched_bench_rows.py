@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.context import KV_ROWS_DISABLE_ENV, Context, ContextParams
-from tessera.model import default_model_path, load_model
-from tessera.plugins.cmd_batched_bench import (
+from tessera.engine.context import KV_ROWS_DISABLE_ENV, Context, ContextParams
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.batched_bench import (
     MD_HEADER,
     md_row,
     n_kv_required,
     run_config,
     warm_up,
 )
-from tessera.runtime import Runtime
 
 QWEN25_05B = {
     "n_embd": 896,

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera import context_state
-from tessera.context import Context, ContextParams
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.engine import state as context_state
+from tessera.engine.context import Context, ContextParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.testing import make_gguf
 
 

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.embedding import Embedder, normalize
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.embed import Embedder, normalize
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 
 MODEL = "all-MiniLM-L6-v2"
 WORDS = (

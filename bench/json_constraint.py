@@ -20,10 +20,10 @@ import time
 import attrs
 import numpy as np
 
-from tessera.json_constraint import JsonConstraintFactory
-from tessera.model import default_model_path
-from tessera.sampling import Sampler, SamplerParams
-from tessera.tokenizer import Tokenizer
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.load import default_model_path
+from tessera.plugins.json_constraint.constraint import JsonConstraintFactory
+from tessera.text.tokenizer import Tokenizer
 
 
 class SyntheticVocab:
@@ -112,11 +112,11 @@ def run(tokenizer, docs: int, params: SamplerParams) -> None:
 def run_model(docs: int, params: SamplerParams, max_tokens: int = 64) -> None:
     """Logits from the trained default model; every path samples from the same logits and
     all constraints advance with the mask-only path's token, so they see the same states."""
-    from tessera.batch import Batch
-    from tessera.context import Context, ContextParams
-    from tessera.engine import prefill
-    from tessera.model import load_model
-    from tessera.runtime import Runtime
+    from tessera.engine.batch import Batch
+    from tessera.engine.context import Context, ContextParams
+    from tessera.engine.generate import prefill
+    from tessera.files.load import load_model
+    from tessera.plugin_manager import Runtime
 
     model = load_model(default_model_path(), Runtime(), "numpy")
     tok = model.tokenizer

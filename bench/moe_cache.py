@@ -35,11 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.experts import MoEOptions
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.contract.experts import MoEOptions
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.testing import make_gguf
 
 TRAINED = Path(__file__).resolve().parent.parent / "core" / "default_model" / "tessera-moe.gguf"
@@ -117,7 +117,7 @@ def requantized(path: Path, qtype: str) -> Path:
     """``path`` requantized to ``qtype`` by ``tessera quantize`` (llama.cpp's default mix:
     a tensor whose rows do not fill the type's blocks falls back, e.g. Q4_K -> Q8_0), in a
     temporary folder."""
-    from tessera.plugins.cmd_quantize import quantize_model
+    from tessera.plugins.cmd.quantize import quantize_model
 
     out = Path(tempfile.mkdtemp()) / f"{path.stem}-{qtype.lower()}.gguf"
     quantize_model(path, out, qtype, Runtime())
@@ -128,7 +128,7 @@ def expert_types(path: Path) -> str:
     """How many of the file's stacked expert tensors are stored in each type, per kind."""
     from gguf import GGMLQuantizationType
 
-    from tessera.gguf_file import read_gguf
+    from tessera.files.gguf import read_gguf
 
     kinds: dict[str, dict[str, int]] = {}
     for name, raw in read_gguf(path).tensors.items():

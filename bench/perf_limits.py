@@ -77,7 +77,7 @@ class ModelCost:
 
 def model_cost(path: Path) -> ModelCost:
     """Bytes and parameters from the GGUF's tensor table (its stored types)."""
-    from tessera.gguf_file import read_gguf
+    from tessera.files.gguf import read_gguf
 
     tensors = read_gguf(path).tensors
     tied = "output.weight" not in tensors

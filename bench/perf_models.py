@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from tessera.gguf_writer import encode_tensor, write_gguf
-from tessera.model import default_model_path
-from tessera.plugins.cmd_quantize import quantize_model
+from tessera.files.gguf_writer import encode_tensor, write_gguf
+from tessera.files.load import default_model_path
+from tessera.plugins.cmd.quantize import quantize_model
 from tessera.testing.models import default_vocab
 from tessera.testing.shapes import SHAPES, shape_config
 
@@ -94,7 +94,7 @@ def hf_config(model: Any) -> Any:
     """A transformers config of a loaded tessera llama/qwen2/qwen3 model (same shape)."""
     from transformers import AutoConfig
 
-    from tessera.arch import HF_DIM_NAMES, hf_dims
+    from tessera.contract.arch import HF_DIM_NAMES, hf_dims
 
     c = model.config
     return AutoConfig.for_model(

@@ -50,8 +50,8 @@ class TesseraEngine:
     def __init__(
         self, path: Path, runtime: Any, threads: int, n_ctx: int, label: str = "", env=None
     ) -> None:
-        from tessera.context import Context, ContextParams
-        from tessera.model import load_model
+        from tessera.engine.context import Context, ContextParams
+        from tessera.files.load import load_model
 
         saved = {k: os.environ.get(k) for k in env or {}}
         os.environ.update(env or {})
@@ -69,7 +69,7 @@ class TesseraEngine:
         self.rng = np.random.default_rng(0)
 
     def run(self, n_prompt: int, n_gen: int) -> float:
-        from tessera.plugins.cmd_bench import Instance, Test, run_test
+        from tessera.plugins.cmd.bench import Instance, Test, run_test
 
         test = Test(Instance(512, 512, 0, "auto", "on"), n_prompt, n_gen)
         return run_test(self.ctx, test, self.rng) / 1e9
@@ -264,7 +264,7 @@ def main() -> None:
 
     import torch
 
-    from tessera.runtime import Runtime
+    from tessera.plugin_manager import Runtime
 
     runtime = Runtime()
     limits = perf_limits.measure(args.threads)

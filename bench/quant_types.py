@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.gguf_file import RawTensor
-from tessera.model import default_model_path, load_model
-from tessera.plugins.cmd_quantize import TARGETS, quantize_model
-from tessera.runtime import Runtime
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.files.gguf import RawTensor
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.quantize import TARGETS, quantize_model
 
 TEXT = (
     "The Python tutorial introduces the reader informally to the basic concepts and "

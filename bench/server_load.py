@@ -29,7 +29,7 @@ from typing import Any
 
 from batched_bench_rows import model_path  # noqa: E402 (bench/ is the script's directory)
 
-from tessera.runtime import Runtime
+from tessera.plugin_manager import Runtime
 
 PROMPTS = [
     "Once upon a time there was a little dog who",

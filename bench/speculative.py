@@ -23,13 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from tessera.context import Context, ContextParams
-from tessera.engine import GenerationStats, generate
-from tessera.model import default_model_path, load_model
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
-from tessera.spec_decoder import SpecParams
-from tessera.speculative import SpecStats, create_decoder, generate_speculative
+from tessera.contract.spec import SpecParams
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import GenerationStats, generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.engine.speculative import SpecStats, create_decoder, generate_speculative
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
 
 PROMPTS = [
     "The for statement",

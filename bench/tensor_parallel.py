@@ -73,12 +73,12 @@ def bench_rank(
 ) -> Any:
     import torch
 
-    from tessera.batch import Batch
-    from tessera.context import Context, ContextParams
-    from tessera.model import load_model
-    from tessera.runtime import Runtime
-    from tessera.tensor_parallel import attach, form_group, load_model_shard
-    from tessera.tp_lockstep import TPContext, serve_worker
+    from tessera.engine.batch import Batch
+    from tessera.engine.context import Context, ContextParams
+    from tessera.files.load import load_model
+    from tessera.plugin_manager import Runtime
+    from tessera.plugins.tensor_parallel.lockstep import TPContext, serve_worker
+    from tessera.plugins.tensor_parallel.shard import attach, form_group, load_model_shard
 
     torch.set_num_threads(threads)
     runtime = Runtime()
@@ -170,8 +170,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
 
+    from tessera.plugins.tensor_parallel.testing import RankError, run_group
     from tessera.testing import make_gguf
-    from tessera.testing.tp import RankError, run_group
 
     path = args.model
     if path is None:

@@ -20,17 +20,17 @@ should be light: import heavy libraries (torch) inside the objects they register
 
 Every registered object is plain data or an instance of a documented base class:
 
-- :class:`tessera.backend.BackendInfo` creating a :class:`tessera.backend.Backend`
-- :class:`tessera.arch.Architecture`
-- :class:`tessera.quant.QuantType`
-- :class:`tessera.quant.WeightKernel`
-- :class:`tessera.commands.Command`
-- :class:`tessera.routes.ServerRoute`
-- :class:`tessera.experts.ExpertCacheInfo` creating an expert cache
-- :class:`tessera.communicator.CommunicatorInfo` creating a
-  :class:`tessera.communicator.Communicator`
-- :class:`tessera.spec_decoder.SpecDecoderInfo` creating a
-  :class:`tessera.spec_decoder.SpecDecoder`
+- :class:`tessera.contract.backend.BackendInfo` creating a :class:`tessera.contract.backend.Backend`
+- :class:`tessera.contract.arch.Architecture`
+- :class:`tessera.contract.quant.QuantType`
+- :class:`tessera.contract.quant.WeightKernel`
+- :class:`tessera.contract.commands.Command`
+- :class:`tessera.contract.routes.ServerRoute`
+- :class:`tessera.contract.experts.ExpertCacheInfo` creating an expert cache
+- :class:`tessera.contract.comm.CommunicatorInfo` creating a
+  :class:`tessera.contract.comm.Communicator`
+- :class:`tessera.contract.spec.SpecDecoderInfo` creating a
+  :class:`tessera.contract.spec.SpecDecoder`
 
 A later registration under a name already taken is reported as a conflict and ignored, so
 the first plugin to claim a name keeps it (built-ins load in entry-point order).
@@ -44,14 +44,14 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from tessera.arch import Architecture
-    from tessera.backend import BackendInfo
-    from tessera.commands import Command
-    from tessera.communicator import CommunicatorInfo
-    from tessera.experts import ExpertCacheInfo
-    from tessera.quant import QuantType, WeightKernel
-    from tessera.routes import ServerRoute
-    from tessera.spec_decoder import SpecDecoderInfo
+    from tessera.contract.arch import Architecture
+    from tessera.contract.backend import BackendInfo
+    from tessera.contract.comm import CommunicatorInfo
+    from tessera.contract.commands import Command
+    from tessera.contract.experts import ExpertCacheInfo
+    from tessera.contract.quant import QuantType, WeightKernel
+    from tessera.contract.routes import ServerRoute
+    from tessera.contract.spec import SpecDecoderInfo
 
 PROJECT_NAME = "tessera"
 
@@ -67,7 +67,7 @@ def tessera_register_backends(register: Callable[[BackendInfo], None]) -> None:
     Called once, when the runtime first lists or creates a backend. Call
     ``register(BackendInfo(name=..., create=..., description=...))`` for each backend.
     ``create(device)`` is called only when a context is made on that backend; it returns a
-    :class:`tessera.backend.Backend` (import torch or other heavy libraries there, not at
+    :class:`tessera.contract.backend.Backend` (import torch or other heavy libraries there, not at
     module import). ``device`` is ``None`` for "the best device you have" or a string such
     as ``"cpu"`` / ``"cuda:0"``. A backend that cannot run on this machine raises
     :class:`tessera.errors.UnknownBackendError` from ``create``.
@@ -79,7 +79,7 @@ def tessera_register_architectures(register: Callable[[Architecture], None]) -> 
     """Register model architectures.
 
     Called once, when the first model is loaded or the catalogue is listed. Call
-    ``register(arch)`` with an :class:`tessera.arch.Architecture` instance. Its ``names``
+    ``register(arch)`` with an :class:`tessera.contract.arch.Architecture` instance. Its ``names``
     are the GGUF ``general.architecture`` values it loads and its ``hf_model_types`` the
     ``model_type`` values of Hugging Face ``config.json`` files it loads.
     """
@@ -90,7 +90,7 @@ def tessera_register_quant_types(register: Callable[[QuantType], None]) -> None:
     """Register tensor storage types (F32, F16, Q4_0 ...).
 
     Called once, when the first model file is read or written. Call ``register(qtype)``
-    with a :class:`tessera.quant.QuantType`: its GGML type id, block layout and numpy
+    with a :class:`tessera.contract.quant.QuantType`: its GGML type id, block layout and numpy
     ``quantize`` / ``dequantize`` functions, which must be bit-exact with GGUF.
     """
 
@@ -124,10 +124,10 @@ def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
 
     Called once, when the server builds its app. Call
     ``register(ServerRoute(path=..., endpoint=..., methods=(...)))`` with a
-    :class:`tessera.routes.ServerRoute`. ``endpoint(request)`` is an async Starlette
-    handler; ``request.app.state.tessera`` is the :class:`tessera.routes.ServerState`
+    :class:`tessera.contract.routes.ServerRoute`. ``endpoint(request)`` is an async Starlette
+    handler; ``request.app.state.tessera`` is the :class:`tessera.plugins.server.state.ServerState`
     (model, tokenizer, slot engine, settings). Routes need the API key (when one is set)
-    unless ``public=True``. Raise :class:`tessera.routes.ApiError` to answer with an
+    unless ``public=True``. Raise :class:`tessera.contract.routes.ApiError` to answer with an
     OpenAI-shaped error JSON and its HTTP status.
     """
 
@@ -142,7 +142,7 @@ def tessera_register_expert_caches(register: Callable[[ExpertCacheInfo], None]) 
     the first registered cache. ``create(budget_bytes)`` returns a cache object with:
 
     - ``wrap(slow) -> ExpertWeights``: serve one layer's experts; ``slow`` is a
-      :class:`tessera.experts.SlowExperts` (``slow.load(e)`` converts expert ``e`` from
+      :class:`tessera.contract.experts.SlowExperts` (``slow.load(e)`` converts expert ``e`` from
       the file to the backend's form, ``slow.key`` names the layer and that form);
       ``get(ids)`` of the returned object must give exactly what ``slow.load`` gives;
     - ``stats() -> dict``: at least ``hits``, ``misses``, ``evictions``, ``bytes_moved``
@@ -162,25 +162,25 @@ def tessera_register_communicators(register: Callable[[CommunicatorInfo], None])
     Called once, when a tensor-parallel run (``tessera run --tp N`` or ``--tp-rank``)
     forms its group, and by ``tessera plugins``. Call
     ``register(CommunicatorInfo(name=..., create=..., probe=..., description=...,
-    collective=..., max_ranks=...))`` with a :class:`tessera.communicator.CommunicatorInfo`:
+    collective=..., max_ranks=...))`` with a :class:`tessera.contract.comm.CommunicatorInfo`:
 
     - ``probe(device) -> CommunicatorProbe``: whether this rank can use the communicator
       with its backend on ``device`` (``"cpu"``, ``"cuda:0"``) and which transports it
       offers (``features``, e.g. ``("gloo", "nccl")``). Cheap, no network; it runs on every
       rank and rank 0 collects the answers before anything connects.
     - ``create(spec) -> Communicator``: join the group described by a
-      :class:`tessera.communicator.GroupSpec` (rank, world size, rank 0's host and the
+      :class:`tessera.contract.comm.GroupSpec` (rank, world size, rank 0's host and the
       port rank 0 chose for this communicator, timeout, device, the features every rank
       offered). Block until all ranks are connected; raise
-      :class:`tessera.communicator.CommunicatorError` if that does not happen within
-      ``spec.timeout_s``. The returned :class:`tessera.communicator.Communicator`
+      :class:`tessera.contract.comm.CommunicatorError` if that does not happen within
+      ``spec.timeout_s``. The returned :class:`tessera.contract.comm.Communicator`
       implements ``all_reduce``, ``all_gather``, ``broadcast`` and ``barrier`` on numpy
       arrays and torch tensors, each bounded by the timeout (a dead or hung peer must
       raise ``CommunicatorError``, never block forever), and ``close``.
     - ``collective=True`` marks a library of real collectives; such communicators are
       preferred. ``max_ranks`` caps the group size (``None``: any).
 
-    Selection (:func:`tessera.communicator.choose_communicator`): the one named by
+    Selection (:func:`tessera.contract.comm.choose_communicator`): the one named by
     ``--communicator`` / ``TESSERA_COMMUNICATOR``; else the first collective one every rank
     can use; else a point-to-point one whose ``max_ranks`` covers the group; else the
     group is refused with an error naming what each rank lacks.
@@ -194,21 +194,21 @@ def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) 
     Called once, when a generation asks for one (``tessera run --spec-type NAME``) or
     ``tessera plugins`` lists them. Call
     ``register(SpecDecoderInfo(name=..., create=..., description=...))`` with a
-    :class:`tessera.spec_decoder.SpecDecoderInfo`; ``name`` is the ``--spec-type`` value.
+    :class:`tessera.contract.spec.SpecDecoderInfo`; ``name`` is the ``--spec-type`` value.
 
     ``create(target_ctx, params, runtime)`` receives the target's
-    :class:`tessera.context.Context`, the :class:`tessera.spec_decoder.SpecParams`
+    :class:`tessera.engine.context.Context`, the :class:`tessera.contract.spec.SpecParams`
     (``--draft-max``, ``--draft-min``, ``--draft-p-min``, ``-md``,
-    ``--spec-draft-n-ubatch``) and the :class:`tessera.runtime.Runtime` (to load a draft
-    model), and returns a :class:`tessera.spec_decoder.SpecDecoder`. When the drafter
+    ``--spec-draft-n-ubatch``) and the :class:`tessera.plugin_manager.Runtime` (to load a draft
+    model), and returns a :class:`tessera.contract.spec.SpecDecoder`. When the drafter
     cannot serve this target (no MTP layers, a draft model with another vocabulary, no
     ``-md``), raise :class:`tessera.errors.TesseraError` with a sentence naming what is
     missing and the way out.
 
-    The core's loop (:func:`tessera.speculative.generate_speculative`) calls
+    The core's loop (:func:`tessera.engine.speculative.generate_speculative`) calls
     ``decoder.begin(prompt, seq_id)`` once the prompt is in the target's cache, then
     before each target batch ``decoder.draft(history, n_max) ->``
-    :class:`tessera.spec_decoder.Draft` (at most ``n_max`` tokens; with their proposal
+    :class:`tessera.contract.spec.Draft` (at most ``n_max`` tokens; with their proposal
     distributions if they were sampled), and after it ``decoder.accepted(history,
     n_drafted, n_accepted)``. The loop verifies the draft, keeps the accepted prefix plus
     one token of the target's and removes rejected cells from the target's KV cache; a

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.communicator import (
+from tessera.contract.comm import (
     Communicator,
     CommunicatorError,
     CommunicatorInfo,

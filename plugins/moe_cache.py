@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from tessera.experts import ExpertCacheInfo, SlowExperts, loaded_nbytes
+from tessera.contract.experts import ExpertCacheInfo, SlowExperts, loaded_nbytes
 from tessera.hookspecs import hookimpl
 
 TESSERA_PLUGIN_API = 1

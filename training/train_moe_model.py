@@ -53,7 +53,7 @@ def default_tokenizer():
     """The bundled default model's tokenizer as an HF ``tokenizers.Tokenizer``."""
     from tokenizers import Tokenizer
 
-    from tessera.gguf_file import read_gguf
+    from tessera.files.gguf import read_gguf
     from tessera.testing.models import tokenizer_json_from_gguf
 
     metadata = read_gguf(DEFAULT_GGUF).metadata

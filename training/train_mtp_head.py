@@ -169,9 +169,9 @@ def step_loss(head, teacher, logits_t, h, x, y, kd_weight, offset):
 
 
 def write_gguf_with_head(args, head: NextN, n_layer: int) -> None:
-    from tessera.gguf_file import read_gguf
-    from tessera.gguf_writer import encode_tensor, storage_types, write_gguf
-    from tessera.runtime import Runtime
+    from tessera.files.gguf import read_gguf
+    from tessera.files.gguf_writer import encode_tensor, storage_types, write_gguf
+    from tessera.plugin_manager import Runtime
 
     runtime = Runtime()
     src = read_gguf(args.target_gguf)

@@ -48,7 +48,7 @@ def make_bert_hf_dir(
     import torch
     import transformers
 
-    from tessera.model_names import packaged_model_path
+    from tessera.files.model_names import packaged_model_path
 
     vocab_dir = packaged_model_path(VOCAB_MODEL)
     if vocab_dir is None:

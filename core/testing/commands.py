@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from tessera import PLUGIN_API_VERSION
-from tessera.commands import Command
+from tessera.contract.commands import Command
 
 
 def registered_command(module_name: str, name: str) -> Command:

@@ -1,7 +1,7 @@
 """Random-weight test models written as real files: GGUF for any architecture, HF folders.
 
 :func:`make_gguf` builds a model of any registered architecture from its
-:meth:`~tessera.arch.Architecture.example_config` alone, so an architecture plugin gets
+:meth:`~tessera.contract.arch.Architecture.example_config` alone, so an architecture plugin gets
 test models for free. :func:`make_hf_dir` writes a genuine Hugging Face checkpoint made
 by ``transformers`` itself (the oracle in parity tests).
 
@@ -23,8 +23,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.arch import hf_dims
-from tessera.gguf_writer import encode_tensor, storage_types, write_gguf
+from tessera.contract.arch import hf_dims
+from tessera.files.gguf_writer import encode_tensor, storage_types, write_gguf
 
 #: Generic model sizes (GGUF terms), overridable one by one.
 SIZES: dict[str, dict[str, int]] = {
@@ -112,7 +112,7 @@ def train_fallback_tokenizer(vocab_size: int = FALLBACK_VOCAB_SIZE) -> str:
 
 def vocab_from_tokenizer_json(tokenizer_json: str, chat_template: str, eos_token: str) -> TestVocab:
     """A :class:`TestVocab` from HF tokenizer files, via tessera's own tokenizer converter."""
-    from tessera.tokenizer import Tokenizer
+    from tessera.text.tokenizer import Tokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -125,8 +125,8 @@ def vocab_from_tokenizer_json(tokenizer_json: str, chat_template: str, eos_token
 
 def vocab_from_gguf(path: Path) -> TestVocab:
     """The vocabulary of a GGUF file (the bundled default model)."""
-    from tessera.gguf_file import read_gguf
-    from tessera.tokenizer import Tokenizer
+    from tessera.files.gguf import read_gguf
+    from tessera.text.tokenizer import Tokenizer
 
     metadata = read_gguf(path).metadata
     tok_meta = {k: v for k, v in metadata.items() if k.startswith("tokenizer.")}
@@ -166,7 +166,7 @@ def tokenizer_json_from_gguf(metadata: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=1)
 def default_vocab() -> TestVocab:
     """The default model's vocabulary, or the ``pydoc_data`` BPE until that model exists."""
-    from tessera.model import default_model_path
+    from tessera.files.load import default_model_path
 
     path = default_model_path()
     if path.exists():
@@ -217,9 +217,9 @@ def make_gguf(
     ``size`` picks generic dims from :data:`SIZES`; ``dims`` (``n_embd``, ``n_layer``,
     ``n_head``, ``n_head_kv``, ``n_ff`` or any field the architecture's
     ``example_config`` accepts) override them. Tensors are stored as ``qtype`` with
-    llama.cpp's per-tensor rules (:func:`tessera.gguf_writer.storage_types`).
+    llama.cpp's per-tensor rules (:func:`tessera.files.gguf_writer.storage_types`).
     """
-    from tessera.runtime import Runtime
+    from tessera.plugin_manager import Runtime
 
     runtime = runtime or Runtime()
     architecture = runtime.architecture(arch)

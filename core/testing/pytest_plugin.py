@@ -17,7 +17,7 @@ case the backend's ``supports()`` declines is skipped as "not supported". A name
 loaded plugin registered gives one failing test that lists what is installed and which
 plugins failed to load, instead of an empty run.
 
-Fixtures: ``tessera_runtime`` (the session's :class:`~tessera.runtime.Runtime`, honouring
+Fixtures: ``tessera_runtime`` (the session's :class:`~tessera.plugin_manager.Runtime`, honouring
 ``TESSERA_PLUGINS`` / ``TESSERA_DISABLE_PLUGINS`` / ``TESSERA_STRICT_PLUGINS``),
 ``tessera_reference_backend`` (the ``numpy`` reference) and ``tessera_make_gguf`` (writes
 random-weight model files into the test's ``tmp_path``).
@@ -51,7 +51,7 @@ def default_runtime() -> Any:
     """The runtime shared by the helpers and the ``tessera_runtime`` fixture (made once)."""
     global _RUNTIME
     if _RUNTIME is None:
-        from tessera.runtime import Runtime
+        from tessera.plugin_manager import Runtime
 
         _RUNTIME = Runtime()
     return _RUNTIME
@@ -66,7 +66,7 @@ def tessera_runtime() -> Any:
 @pytest.fixture(scope="session")
 def tessera_reference_backend(tessera_runtime: Any) -> Any:
     """The ``numpy`` reference backend that conformance checks compare against."""
-    from tessera.testing.conformance import reference_backend
+    from tessera.testing.conformance.kit import reference_backend
 
     return reference_backend(tessera_runtime)
 
@@ -124,7 +124,7 @@ def _backend(runtime: Any, name: str, device: str | None, dtype: str | None) -> 
 def backend_conformance(
     name: str, *, device: str | None = None, dtype: str | None = None, runtime: Any = None
 ) -> Callable[..., None]:
-    """A test running every op case (:mod:`tessera.testing.conformance`) on backend ``name``.
+    """A test running every op case (:mod:`tessera.testing.conformance.kit`) on backend ``name``.
 
     Each case compares the backend with the numpy reference within the op's error budget
     for the backend's dtype, for every quant type the runtime has. ``device`` and
@@ -133,7 +133,7 @@ def backend_conformance(
     runtime = runtime or default_runtime()
     if name not in runtime.backends():
         return _missing_test("backend", name, runtime.backends(), runtime)
-    from tessera.testing.conformance import check_case, conformance_cases
+    from tessera.testing.conformance.kit import check_case, conformance_cases
 
     cases = conformance_cases(runtime)
 
@@ -156,7 +156,7 @@ def quant_type_conformance(
 ) -> Callable[..., None]:
     """A test of quant type ``name``: layout, shapes, zeros, round trip, GGUF file and,
     when given, bit-exactness with reference functions of the same signature as the
-    type's ``quantize`` / ``dequantize`` (see :mod:`tessera.testing.quant_conformance`).
+    type's ``quantize`` / ``dequantize`` (see :mod:`tessera.testing.quant`).
     ``max_error`` bounds the relative RMS round-trip error, measured on rows of normal
     values with the standard deviations ``row_scales`` (default 1e-3 to 1e2; a type
     without block scales gives the range it represents)."""
@@ -164,7 +164,7 @@ def quant_type_conformance(
     by_name = {q.name: q for q in runtime.quant_types().values()}
     if name not in by_name:
         return _missing_test("quant type", name, by_name, runtime)
-    from tessera.testing.quant_conformance import quant_checks
+    from tessera.testing.quant import quant_checks
 
     return _check_test(
         quant_checks(
@@ -191,11 +191,11 @@ def architecture_conformance(
     """A test of architecture ``name`` (a GGUF ``general.architecture`` value): a model
     made from its ``example_config`` is written, loaded on ``backend`` and run; with
     ``reference(path, tokens) -> logits``, its logits are compared
-    (see :mod:`tessera.testing.arch_conformance`). ``dims`` go to ``make_gguf``."""
+    (see :mod:`tessera.testing.arch`). ``dims`` go to ``make_gguf``."""
     runtime = runtime or default_runtime()
     if name not in runtime.architectures():
         return _missing_test("architecture", name, runtime.architectures(), runtime)
-    from tessera.testing.arch_conformance import architecture_checks
+    from tessera.testing.arch import architecture_checks
 
     return _check_test(
         architecture_checks(

@@ -93,11 +93,11 @@ def random_model(
     device: str | None = None,
     dtype: str | None = None,
 ) -> Any:
-    """A :class:`tessera.model.Model` of shape ``name`` with random weights (no tokenizer:
+    """A :class:`tessera.files.load.Model` of shape ``name`` with random weights (no tokenizer:
     benchmarks feed token ids). ``backend`` is a Backend, a name, or None for the best one
-    that runs the model, as :func:`tessera.model.load_model` chooses."""
-    from tessera.gguf_file import RawTensor
-    from tessera.model import Model, select_backend, unsupported_ops
+    that runs the model, as :func:`tessera.files.load.load_model` chooses."""
+    from tessera.files.gguf import RawTensor
+    from tessera.files.load import Model, select_backend, unsupported_ops
 
     arch, config = shape_config(runtime, name, n_vocab)
     if backend is None or isinstance(backend, str):

@@ -10,9 +10,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from tessera.commands import Command
+from tessera.contract.commands import Command
+from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
-from tessera.routes import ServerRoute, lazy_routes
 
 TESSERA_PLUGIN_API = 1
 

@@ -8,10 +8,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from tessera.contract.routes import ApiError
+from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
+from tessera.engine.slots import slot_file_path
 from tessera.errors import TesseraError
-from tessera.routes import ApiError, ServerState
-from tessera.slot_engine import slot_file_path
-from tessera.slot_types import SlotBusyError, SlotNotFoundError
+from tessera.plugins.server.state import ServerState
 
 from .fields import Fields, read_json
 
@@ -29,7 +30,7 @@ async def models(request: Request) -> Any:
 
 
 async def props(request: Request) -> Any:
-    from tessera.plugin_report import plugins_report
+    from tessera.cli.plugins_cmd import plugins_report
 
     state = _state(request)
     served = await state.model_for(request)

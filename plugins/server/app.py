@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tessera.routes import ApiError, ServerRoute, ServerState
+from tessera.contract.routes import ApiError, ServerRoute
+from tessera.plugins.server.state import ServerState
 
 log = logging.getLogger("tessera.server")
 

@@ -1,6 +1,6 @@
 """POST /v1/chat/completions: messages in, an assistant message of parts out.
 
-The model's text goes through :class:`tessera.chat_session.ChatSession`, which splits it
+The model's text goes through :class:`tessera.plugins.chat.session.ChatSession`, which splits it
 into content, reasoning and tool calls (OpenAI's ``content``, ``reasoning_content`` and
 ``tool_calls``), in the stream as in the whole answer.
 """
@@ -12,9 +12,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tessera.chat_session import ChatSession, chat_template
+from tessera.contract.routes import ApiError
 from tessera.errors import TesseraError
-from tessera.routes import ApiError, ServedModel, ServerState
+from tessera.plugins.chat.session import ChatSession, chat_template
+from tessera.plugins.server.state import ServedModel, ServerState
 
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage

@@ -7,7 +7,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from tessera.routes import ApiError, ServedModel, ServerState
+from tessera.contract.routes import ApiError
+from tessera.plugins.server.state import ServedModel, ServerState
 
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage

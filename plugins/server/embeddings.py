@@ -1,4 +1,4 @@
-"""POST /v1/embeddings and /v1/rerank over :class:`tessera.embedding.Embedder`.
+"""POST /v1/embeddings and /v1/rerank over :class:`tessera.engine.embed.Embedder`.
 
 The embedder has its own context, so these requests never touch the slots or their
 prompt cache.
@@ -13,15 +13,16 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from tessera.contract.routes import ApiError
 from tessera.errors import ContextOverflowError, TesseraError
-from tessera.routes import ApiError, ServedModel, ServerState
+from tessera.plugins.server.state import ServedModel, ServerState
 
 from .fields import Fields, read_json
 
 
 def _embedder(served: ServedModel) -> Any:
     try:
-        from tessera.embedding import Embedder
+        from tessera.engine.embed import Embedder
     except ImportError:
         raise ApiError(501, "this build of tessera has no embedding engine") from None
     if served.embedder is None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from tessera.routes import ApiError
+from tessera.contract.routes import ApiError
 
 _MISSING = object()
 

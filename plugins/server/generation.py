@@ -10,11 +10,12 @@ from typing import Any
 import attrs
 from starlette.requests import Request
 
+from tessera.contract.routes import ApiError
+from tessera.engine.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
 from tessera.errors import ContextOverflowError, TesseraError
-from tessera.routes import ApiError, ServedModel
-from tessera.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
-from tessera.stop_strings import StopStringMatcher
-from tessera.tokenizer import StreamDecoder
+from tessera.plugins.chat.stop_strings import StopStringMatcher
+from tessera.plugins.server.state import ServedModel
+from tessera.text.tokenizer import StreamDecoder
 
 #: engine finish reasons as OpenAI spells them ("cancelled" only happens on a stop string
 #: here: a disconnected client gets no answer at all)

@@ -10,10 +10,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from tessera.contract.routes import ApiError
+from tessera.engine.sampling import SamplerParams
+from tessera.engine.slot_types import GenerationRequest, TokenEvent
 from tessera.errors import TesseraError
-from tessera.routes import ApiError, ServedModel
-from tessera.sampling import SamplerParams
-from tessera.slot_types import GenerationRequest, TokenEvent
+from tessera.plugins.server.state import ServedModel
 
 from .fields import Fields
 from .generation import ChoiceRun, Piece
@@ -81,7 +82,7 @@ async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] |
             "than ignored)",
             param="response_format",
         )
-    from tessera.json_constraint import JsonConstraintFactory
+    from tessera.plugins.json_constraint.constraint import JsonConstraintFactory
 
     # the factory renders the whole vocabulary once (seconds for a large one: off the event
     # loop); every later request of this model reuses it

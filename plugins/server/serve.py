@@ -12,10 +12,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tessera.cli_common import add_model_arguments, context_from_args, load_model_from_args
+from tessera.cli.args import add_model_arguments, context_from_args, load_model_from_args
+from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
-from tessera.routes import ServedModel, ServerSettings, ServerState, SingleModelPool
-from tessera.slot_engine import SlotEngine, SlotSpec
+from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
 
 log = logging.getLogger("tessera.server")
 
@@ -23,7 +23,7 @@ DEFAULT_PORT = 9931  # llama.cpp 0.7.0's default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tessera.plugins.spec_cli import add_spec_arguments
+    from tessera.plugins.spec.cli import add_spec_arguments
 
     add_model_arguments(parser, several_models=True)
     add_spec_arguments(parser)
@@ -90,7 +90,7 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
     settings = server_settings(args)
     paths = args.model or []
     if args.models_dir or len(paths) > 1:
-        from tessera.model_registry import MultiModelPool
+        from tessera.plugins.server.model_pool import MultiModelPool
 
         models_dir = Path(args.models_dir) if args.models_dir else None
         if models_dir is not None and not models_dir.is_dir():
@@ -127,7 +127,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
 
 def slot_spec(args: argparse.Namespace, runtime: Any, ctx: Any) -> SlotSpec | None:
     """Speculative decoding for the slots when --spec-type (or -md) asks for it."""
-    from tessera.plugins.spec_cli import spec_params_from_args, spec_type_from_args
+    from tessera.plugins.spec.cli import spec_params_from_args, spec_type_from_args
 
     name = spec_type_from_args(args)
     if name is None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
-from tessera.routes import ServerRoute, lazy_routes
 
 TESSERA_PLUGIN_API = 1
 

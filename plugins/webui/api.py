@@ -9,9 +9,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from tessera.model_registry import ModelEntry, MultiModelPool
+from tessera.contract.routes import ApiError
 from tessera.plugins.server.fields import Fields, read_json
-from tessera.routes import ApiError, ServerState
+from tessera.plugins.server.model_pool import ModelEntry, MultiModelPool
+from tessera.plugins.server.state import ServerState
 
 from .downloads import Downloads
 

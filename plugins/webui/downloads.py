@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from tessera.routes import ApiError
+from tessera.contract.routes import ApiError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _CHUNK = 1 << 16

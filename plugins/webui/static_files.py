@@ -8,7 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import FileResponse
 
-from tessera.routes import ApiError
+from tessera.contract.routes import ApiError
 
 STATIC = Path(__file__).parent / "static"
 #: The only files served: a name from the URL never reaches the file system otherwise.

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera import context_state
-from tessera.backend import OPTIONAL_OPS, Backend
-from tessera.backends.numpy_backend import NumpyBackend
-from tessera.runtime import Runtime
+from tessera.backends.numpy import NumpyBackend
+from tessera.contract.backend import OPTIONAL_OPS, Backend
+from tessera.engine import state as context_state
+from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
 

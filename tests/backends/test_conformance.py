@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.runtime import Runtime
-from tessera.testing.conformance import check_case, conformance_cases
+from tessera.plugin_manager import Runtime
+from tessera.testing.conformance.kit import check_case, conformance_cases
 
 RUNTIME = Runtime()
 CASES = conformance_cases(RUNTIME)
@@ -26,7 +26,7 @@ def test_op_matches_reference(backend, case):
 
 
 def test_every_core_op_and_quant_type_has_cases():
-    from tessera.backend import CORE_OPS, OPTIONAL_OPS
+    from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS
 
     assert {c.op for c in CASES} == set(CORE_OPS + OPTIONAL_OPS)
     covered = {c.probe["quant_type"] for c in CASES if c.op == "matmul"}

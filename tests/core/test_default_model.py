@@ -12,13 +12,13 @@ import pytest
 import torch
 import transformers
 
-from tessera.batch import Batch
-from tessera.cli import main
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.model import default_model_path, load_model
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.cli.main import main
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
 PROMPT = "The for statement"

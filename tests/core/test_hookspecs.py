@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from tessera import hookspecs
-from tessera.runtime import Runtime
+from tessera.plugin_manager import Runtime
 
 HOOKS = sorted(
     name
     for name, fn in vars(hookspecs).items()
     if name.startswith("tessera_") and callable(fn) and hasattr(fn, "tessera_spec")
 )
-EXTENDING = (Path(__file__).parents[2] / "docs" / "extending.md").read_text(encoding="utf-8")
+EXTENDING = (Path(__file__).resolve().parents[2] / "docs" / "extending.md").read_text(
+    encoding="utf-8"
+)
 
 
 def test_hooks_are_found():

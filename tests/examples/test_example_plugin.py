@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.backend import CORE_OPS
+from tessera.contract.backend import CORE_OPS
 from tessera.testing import make_gguf
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tessera-example-backend"
@@ -53,7 +53,7 @@ def env_with(site: Path, **extra: str) -> dict[str, str]:
 
 def tessera(site: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tessera.cli", *argv],
+        [sys.executable, "-m", "tessera", *argv],
         env=env_with(site, **env),
         capture_output=True,
         text=True,

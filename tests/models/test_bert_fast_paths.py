@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.embedding import Embedder
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.engine.embed import Embedder
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.testing.bert_models import PARITY_SENTENCES, hf_last_hidden, make_bert_hf_dir
 
 RUNTIME = Runtime()

@@ -16,11 +16,11 @@ import pytest
 import torch
 import transformers
 
-from tessera.embedding import Embedder
+from tessera.engine.embed import Embedder
 from tessera.errors import TesseraError
-from tessera.model import load_model
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.bert_models import PARITY_SENTENCES, hf_last_hidden, make_bert_hf_dir
 
 RUNTIME = Runtime()
@@ -82,7 +82,7 @@ def test_packing_splits_forwards_without_changing_results(encoder):
 def test_gelu_fallback_is_the_tanh_form(encoder, monkeypatch):
     """A backend that declines gelu_erf gets llama.cpp's tanh GELU: close, not identical."""
     files, model = encoder
-    from tessera.backends.numpy_backend import NumpyBackend
+    from tessera.backends.numpy import NumpyBackend
 
     class NoErf(NumpyBackend):
         def supports(self, op, **attrs):
@@ -132,8 +132,8 @@ def test_reranker_scores_match_transformers(reranker, source, backend):
 
 
 def test_bert_refuses_to_generate(encoder):
-    from tessera.batch import Batch
-    from tessera.context import Context
+    from tessera.engine.batch import Batch
+    from tessera.engine.context import Context
 
     tm = load_model(encoder[0]["gguf"], RUNTIME, "numpy")
     with pytest.raises(TesseraError, match="no LM head"):

@@ -17,13 +17,13 @@ import pytest
 import torch
 import transformers  # the oracle (in the test extra)
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.model import load_model
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.models import default_vocab, make_hf_dir
 
 RUNTIME = Runtime()
@@ -106,7 +106,7 @@ def test_shared_layers_get_no_cache_tensors(oracle):
 
 
 def test_gguf_uses_llama_cpp_keys_and_tensor_names(oracle):
-    from tessera.gguf_file import read_gguf
+    from tessera.files.gguf import read_gguf
 
     gguf = read_gguf(oracle["files"]["gguf-f32"])
     meta = gguf.metadata

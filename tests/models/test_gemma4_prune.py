@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.arch import ForwardInput
-from tessera.batch import Batch
-from tessera.context import PRUNE_DISABLE_ENV, Context, ContextParams
-from tessera.engine import generate
-from tessera.model import load_model
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.contract.arch import ForwardInput
+from tessera.engine.batch import Batch
+from tessera.engine.context import PRUNE_DISABLE_ENV, Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.testing.models import make_gguf
 from tessera.testing.pytest_plugin import architecture_conformance
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 import transformers
 
-from tessera.embedding import Embedder
+from tessera.engine.embed import Embedder
 from tessera.errors import TesseraError
-from tessera.model import load_model
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.models import WEIGHT_STD, write_sentence_transformers_modules
 
 RUNTIME = Runtime()

@@ -13,10 +13,10 @@ import pytest
 import torch
 import transformers
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.testing import make_gguf
 
 RUNTIME = Runtime()

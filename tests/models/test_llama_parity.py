@@ -18,13 +18,13 @@ import pytest
 import torch
 import transformers  # the oracle (in the test extra)
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.model import load_model
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.models import make_hf_dir
 
 CASES = {

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.embedding import Embedder
-from tessera.model import load_model
-from tessera.model_names import packaged_model_path
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
+from tessera.engine.embed import Embedder
+from tessera.files.load import load_model
+from tessera.files.model_names import packaged_model_path
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 
 RUNTIME = Runtime()
 NAME = "all-MiniLM-L6-v2"

@@ -16,14 +16,14 @@ import pytest
 import torch
 import transformers
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.experts import MoEOptions, route_top_k
-from tessera.gguf_file import read_gguf
-from tessera.model import default_model_path, load_model
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.contract.experts import MoEOptions, route_top_k
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.gguf import read_gguf
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
 PATH = default_model_path().with_name("tessera-moe.gguf")
@@ -65,7 +65,7 @@ def test_trained_router_spreads_tokens_and_has_locality(model, monkeypatch):
     chance (1 - C(6,2)/C(8,2) = 0.46 for top-2 of 8), while no layer collapses onto a few."""
     from pydoc_data.topics import topics
 
-    import tessera.models.qwen3moe as qwen3moe
+    import tessera.models.llama.moe as qwen3moe
 
     routed: list[np.ndarray] = []
 

@@ -18,15 +18,15 @@ import pytest
 import torch
 import transformers  # the oracle (in the test extra)
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.experts import MOE_FFN_DISABLE_ENV
-from tessera.gguf_file import read_gguf
-from tessera.model import load_model
-from tessera.plugins.convert import convert_hf_to_gguf
-from tessera.runtime import Runtime
-from tessera.sampling import Sampler, SamplerParams
+from tessera.contract.experts import MOE_FFN_DISABLE_ENV
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.files.gguf import read_gguf
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.models import make_gguf, make_hf_dir
 from tessera.testing.pytest_plugin import architecture_conformance
 
@@ -127,7 +127,7 @@ test_qwen3moe_conformance_torch_bf16 = architecture_conformance(
 
 
 def test_fused_transformers5_expert_tensors_stack_like_per_expert_ones():
-    from tessera.models.qwen3moe_hf import stacked_experts
+    from tessera.models.llama.moe_hf import stacked_experts
 
     config = RUNTIME.architecture("qwen3moe").example_config(n_expert=4, n_ff_exp=8, n_embd=16)
     rng = np.random.default_rng(0)

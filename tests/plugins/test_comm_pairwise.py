@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from tessera.testing.tp import RankError, check_communicator, run_group
+from tessera.plugins.tensor_parallel.testing import RankError, check_communicator, run_group
 
 
 def test_pairwise_collectives_match_numpy():
@@ -10,7 +10,7 @@ def test_pairwise_collectives_match_numpy():
 
 
 def _join(rank, world_size, master, timeout_s):
-    from tessera.communicator import GroupSpec
+    from tessera.contract.comm import GroupSpec
     from tessera.plugins.comm_pairwise import create
 
     host, port = master.rsplit(":", 1)
@@ -67,7 +67,7 @@ def test_a_hung_peer_is_reported_after_the_timeout():
 
 
 def test_more_than_two_ranks_are_refused():
-    from tessera.communicator import CommunicatorError, GroupSpec
+    from tessera.contract.comm import CommunicatorError, GroupSpec
     from tessera.plugins.comm_pairwise import create
 
     try:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tessera.testing.tp import RankError, check_communicator, run_group
+from tessera.plugins.tensor_parallel.testing import RankError, check_communicator, run_group
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -13,7 +13,7 @@ def test_gloo_collectives_match_numpy(world_size):
 
 
 def _join(rank, world_size, master, timeout_s):
-    from tessera.communicator import GroupSpec
+    from tessera.contract.comm import GroupSpec
     from tessera.plugins.comm_torch_distributed import create
 
     host, port = master.rsplit(":", 1)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.experts import MoEOptions, SlowExperts, loaded_nbytes
-from tessera.gguf_file import read_gguf
-from tessera.model import load_model
+from tessera.contract.experts import MoEOptions, SlowExperts, loaded_nbytes
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.files.gguf import read_gguf
+from tessera.files.load import load_model
+from tessera.plugin_manager import Runtime
 from tessera.plugins.moe_cache import ExpertCache
-from tessera.runtime import Runtime
 from tessera.testing.models import make_gguf
 
 RUNTIME = Runtime()
@@ -217,7 +217,7 @@ def test_without_the_cache_plugin_offloaded_experts_still_run(moe_gguf):
 
 
 def run_cli(capsys, *argv):
-    from tessera.cli import main
+    from tessera.cli.main import main
 
     code = main(list(argv))
     captured = capsys.readouterr()

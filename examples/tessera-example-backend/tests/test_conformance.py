@@ -38,7 +38,7 @@ test_qwen2_on_example = architecture_conformance("qwen2", backend="example", n_h
 
 
 def test_weights_of_the_example_type_stay_int8(tessera_runtime, tessera_make_gguf):
-    from tessera.model import load_model
+    from tessera.files.load import load_model
 
     path = tessera_make_gguf("qwen2", qtype="EX_I8", n_head_kv=4)
     model = load_model(path, tessera_runtime, "example")

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-import tessera.model
-from tessera.arch import Architecture
-from tessera.batch import Batch
-from tessera.context import Context, ContextParams
-from tessera.gguf_file import read_gguf
+import tessera.files.load
+from tessera.contract.arch import Architecture
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
+from tessera.files.gguf import read_gguf
+from tessera.files.load import load_model
 from tessera.hookspecs import hookimpl
-from tessera.model import load_model
-from tessera.runtime import Runtime
+from tessera.plugin_manager import Runtime
 from tessera.testing import make_gguf, make_hf_dir
 from tessera.testing import models as tm
 
@@ -143,7 +143,7 @@ def test_tokenizer_json_rebuilt_from_gguf_encodes_like_the_original():
 def test_default_vocab_comes_from_the_bundled_model_when_it_exists(tmp_path, runtime, monkeypatch):
     bundled = make_gguf(tmp_path / "default.gguf", runtime=runtime)
     tm.default_vocab.cache_clear()
-    monkeypatch.setattr(tessera.model, "default_model_path", lambda: bundled)
+    monkeypatch.setattr(tessera.files.load, "default_model_path", lambda: bundled)
     try:
         vocab = tm.default_vocab()
         assert vocab.gguf_metadata == {

@@ -12,10 +12,10 @@ import pytest
 # extension) cannot be imported twice in one process, so import it before any such run.
 import torch  # noqa: F401
 
-from tessera.quant import QuantType
-from tessera.runtime import Runtime
+from tessera.contract.quant import QuantType
+from tessera.plugin_manager import Runtime
 from tessera.testing.pytest_plugin import default_runtime
-from tessera.testing.quant_conformance import quant_checks
+from tessera.testing.quant import quant_checks
 
 pytest_plugins = ["pytester"]
 
@@ -31,7 +31,7 @@ def test_fixtures_share_one_runtime(tessera_runtime, tessera_reference_backend):
 
 
 def test_make_gguf_fixture_writes_loadable_files(tessera_make_gguf, tessera_runtime):
-    from tessera.model import load_model
+    from tessera.files.load import load_model
 
     path = tessera_make_gguf("qwen3", qtype="q8_0")
     assert load_model(path, tessera_runtime, "numpy").config.arch == "qwen3"
@@ -65,7 +65,7 @@ def test_kits_pass_on_the_builtin_plugins(pytester):
     )
     # Every case numpy's probe accepts passes, the others are "not supported"; plus the 7
     # quant checks (5 facts, 2 references) and the 3 architecture checks.
-    from tessera.testing.conformance import conformance_cases, reference_backend
+    from tessera.testing.conformance.kit import conformance_cases, reference_backend
 
     rt = default_runtime()
     cases = conformance_cases(rt)
@@ -103,14 +103,14 @@ def test_architecture_parity_uses_the_reference(pytester):
         pytester,
         """
         import numpy as np
-        from tessera.model import load_model
-        from tessera.testing.arch_conformance import ArchitectureSubject
+        from tessera.files.load import load_model
+        from tessera.testing.arch import ArchitectureSubject
         from tessera.testing.pytest_plugin import architecture_conformance, default_runtime
 
         def torch_logits(path, tokens, shift=0.0):
             # tessera on its torch backend in f32: an independent set of kernels
-            from tessera.batch import Batch
-            from tessera.context import Context, ContextParams
+            from tessera.engine.batch import Batch
+            from tessera.engine.context import Context, ContextParams
             model = load_model(path, default_runtime(), "torch", dtype="f32")
             ctx = Context(model, ContextParams(n_ctx=32))
             return ctx.decode(Batch.for_sequence(tokens, logits="all")) + shift
@@ -128,7 +128,7 @@ def test_architecture_parity_uses_the_reference(pytester):
 
 
 def _broken_q8(**changes) -> QuantType:
-    from tessera.plugins.quant_q8_0 import Q8_0
+    from tessera.plugins.quant.q8_0 import Q8_0
 
     fields = {
         "name": "BROKEN",
@@ -180,7 +180,7 @@ def test_quant_checks_name_each_broken_fact():
     assert "layout" not in wrong_size and "expected" in wrong_size["shapes"]
 
     def noisy(b):
-        from tessera.plugins.quant_q8_0 import Q8_0
+        from tessera.plugins.quant.q8_0 import Q8_0
 
         return Q8_0.dequantize(b) * np.float32(1.05)
 
@@ -192,7 +192,7 @@ def test_quant_checks_name_each_broken_fact():
     assert "bytes differ from the reference" in lossy["reference-dequantize"]
 
     def nan_on_zero(b):
-        from tessera.plugins.quant_q8_0 import Q8_0
+        from tessera.plugins.quant.q8_0 import Q8_0
 
         values = Q8_0.dequantize(b)
         peak = np.abs(values).max(axis=-1, keepdims=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.testing.server import live_server
+from tessera.plugins.server.testing import live_server
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import numpy as np
 import openai
 import pytest
 
-from tessera.embedding import Embedder
+from tessera.engine.embed import Embedder
+from tessera.plugins.server.testing import live_server
 from tessera.testing.bert_models import make_bert_hf_dir
-from tessera.testing.server import live_server
 
 SENTENCES = ["A man is eating food.", "The quick brown fox jumps over the lazy dog.", "Hi"]
 
@@ -27,7 +27,7 @@ def minilm():
 def test_embeddings_match_sentence_transformers(minilm):
     from sentence_transformers import SentenceTransformer
 
-    from tessera.model_names import packaged_model_path
+    from tessera.files.model_names import packaged_model_path
 
     client = openai.OpenAI(base_url=minilm.v1, api_key="x", max_retries=0)
     r = client.embeddings.create(model="all-MiniLM-L6-v2", input=SENTENCES)

@@ -10,8 +10,8 @@ import urllib.request
 import openai
 import pytest
 
-from tessera.chat import ChatTemplate
-from tessera.testing.server import live_server
+from tessera.plugins.server.testing import live_server
+from tessera.text.chat_template import ChatTemplate
 
 
 def _post(url: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
@@ -188,7 +188,7 @@ def untemplated_model(tmp_path_factory):
         seed=3,
         metadata_overrides={"tokenizer.chat_template": None},
     )
-    from tessera.gguf_file import read_gguf
+    from tessera.files.gguf import read_gguf
 
     assert "tokenizer.chat_template" not in read_gguf(path).metadata
     return path

@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from tessera.context import Context, ContextParams
-from tessera.engine import generate
-from tessera.sampling import Sampler, SamplerParams
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
 
 MESSAGES = [{"role": "user", "content": "Tell me about the little dog."}]
 

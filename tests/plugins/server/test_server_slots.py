@@ -212,7 +212,7 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_cleanly(tmp_path):
 def test_speculative_serving_gives_the_plain_tokens_and_counts_drafts(server, spec_type):
     from openai import OpenAI
 
-    from tessera.testing.server import live_server
+    from tessera.plugins.server.testing import live_server
 
     kw = dict(model="m", prompt="def main():", max_tokens=24, temperature=0)
     plain = OpenAI(base_url=server.v1, api_key="x").completions.create(**kw)
@@ -229,8 +229,8 @@ def test_speculative_serving_gives_the_plain_tokens_and_counts_drafts(server, sp
 def test_the_moe_expert_cache_counters_are_in_metrics():
     from openai import OpenAI
 
-    from tessera.model import default_model_path
-    from tessera.testing.server import live_server
+    from tessera.files.load import default_model_path
+    from tessera.plugins.server.testing import live_server
 
     moe = default_model_path().parent / "tessera-moe.gguf"
     argv = ["-m", str(moe), "--backend", "numpy", "-np", "1", "-c", "256"]

@@ -14,10 +14,15 @@ from pathlib import Path
 import openai
 import pytest
 
-from tessera.slot_types import FinishEvent, TokenEvent
-from tessera.testing.server import live_server
+from tessera.engine.slot_types import FinishEvent, TokenEvent
+from tessera.plugins.server.testing import live_server
 
-TEMPLATE = Path(__file__).parents[2] / "data" / "chat-templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+TEMPLATE = (
+    Path(__file__).resolve().parents[2]
+    / "data"
+    / "chat-templates"
+    / "Qwen-Qwen2.5-7B-Instruct.jinja"
+)
 TOOLS = [
     {
         "type": "function",

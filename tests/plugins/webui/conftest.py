@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tessera.model import default_model_path
+from tessera.files.load import default_model_path
+from tessera.plugins.server.testing import live_server
 from tessera.testing.models import make_gguf
-from tessera.testing.server import live_server
 
 #: name -> (make_gguf keyword arguments)
 MODELS = {

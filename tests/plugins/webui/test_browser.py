@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import call, rows, server_argv
 
-from tessera.slot_engine import SlotEngine
+from tessera.engine.slots import SlotEngine
+from tessera.plugins.server.testing import live_server
 from tessera.testing.http_files import file_server
-from tessera.testing.server import live_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

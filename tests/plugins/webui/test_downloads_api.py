@@ -9,8 +9,8 @@ import hashlib
 import pytest
 from conftest import call, rows, wait_for
 
+from tessera.plugins.server.testing import live_server
 from tessera.testing.http_files import file_server
-from tessera.testing.server import live_server
 
 
 @pytest.fixture

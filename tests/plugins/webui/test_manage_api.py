@@ -10,10 +10,10 @@ import urllib.request
 import pytest
 from conftest import MODELS, call, rows, server_argv
 
-from tessera.gguf_file import read_gguf
-from tessera.model import default_model_path
-from tessera.model_files import FLAGS_FILE
-from tessera.testing.server import live_server
+from tessera.files.gguf import read_gguf
+from tessera.files.load import default_model_path
+from tessera.plugins.server.model_files import FLAGS_FILE
+from tessera.plugins.server.testing import live_server
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import urllib.request
 
 from conftest import MODELS, call, rows, unload_all, wait_for
 
-from tessera.model import default_model_path
-from tessera.testing.server import live_server
+from tessera.files.load import default_model_path
+from tessera.plugins.server.testing import live_server
 
 
 def _chat(srv, model: str, max_tokens: int = 6, stream: bool = False) -> tuple[int, dict]:

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from tessera.backend import CORE_OPS, Backend, BackendInfo
+from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
+from tessera.contract.quant import WeightKernel, kernel_matches_reference
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
-from tessera.quant import WeightKernel, kernel_matches_reference
-from tessera.runtime import env_list
+from tessera.plugin_manager import env_list
 from tessera_example_backend.quant import BLOCK_SIZE, EX_I8, split_blocks
 
 TESSERA_PLUGIN_API = 1

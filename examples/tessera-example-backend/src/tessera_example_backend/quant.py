@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.quant import QuantType
 
 TESSERA_PLUGIN_API = 1
 

@@ -1,0 +1,1 @@
+"""The native C kernels: build, probe, self-test and ctypes wrappers."""

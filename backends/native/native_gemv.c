@@ -1,0 +1,815 @@
+/* Decode matmuls (a few activation rows) straight from GGUF Q8_0 / Q4_0 block bytes, and
+ * Q4_0 dequantization for prefill (tsr_dequant_q4_0, at the end).
+ *
+ * Built and loaded by tessera/backends/native/kernels.py (cc -O3 -march=native -fopenmp).
+ * The activation rows are quantized to int8 blocks of 32 with one float scale each (as
+ * ggml's q8_0 activations), then every weight block is an integer dot product on the VNNI
+ * unit (vpdpbusd: unsigned bytes x signed bytes, summed by fours into int32 lanes).
+ *
+ * vpdpbusd wants one unsigned operand, so the weight codes are made unsigned and the
+ * offset is taken back through the accumulator's start value:
+ *   Q4_0: sum (n - 8) a = dpbusd(-8 sum a, n, a)          n = nibble, 0..15
+ *   Q8_0: sum q a       = dpbusd(-128 sum a, q ^ 0x80, a)  q ^ 0x80 = q + 128, 0..255
+ * The start value is spread evenly over the lanes that hold one row's block (4 or 8), so
+ * it is one broadcast per activation block, shared by all weight rows. Per lane |sum| <=
+ * 4 * 255 * 127 + 16 * 32 * 127, far from int32 overflow.
+ *
+ * Four output rows are done per pass over an activation row, so activation loads and the
+ * float work are shared; with AVX512 the four rows' blocks share vectors (Q4_0: the four
+ * rows' 16 code bytes in one 512-bit vector; Q8_0: two rows per vector): ~1.5 ns per
+ * block and row with the weights in cache here, so the memory read is the limit. OpenMP
+ * splits the output rows over the caller's thread count. Weights are read in place
+ * (memory-mapped file bytes), never copied.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 32
+#define ROWS 4   /* weight rows per pass over an activation row */
+#define MI_MAX 4 /* activation rows sharing one unpacking of the weight blocks */
+#define GEMV_MAX_WEIGHTS 8 /* weights in one tsr_gemv_n call */
+#ifndef GEMV_CHUNK_BYTES
+/* OpenMP hands out the row groups (of 4 rows) in guided chunks: each thread first takes a
+ * long contiguous run (its hardware and software prefetching stays in its own rows), then
+ * ever smaller ones down to about this many weight bytes, so a thread that starts late
+ * (woken from sleep, or sharing its core with another process) does less of the work
+ * instead of making the other wait at the end. Fixed chunks of 16 groups decoded Q4_0
+ * 0.80x and Q8_0 0.88x as fast at two threads (much of each prefetch landed in the other
+ * thread's rows). */
+#define GEMV_CHUNK_BYTES 131072
+#endif
+#ifndef PREFETCH
+/* Bytes ahead in each weight row: far enough to cross 4 KiB pages, where the hardware
+ * prefetchers stop (the file's pages are not huge pages); 16 KiB measured best, 512 B
+ * gave 70% of its throughput on the 0.5B model's matrices. */
+#define PREFETCH 16384
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define TSR_HAVE_VNNI 1
+#elif defined(__AVXVNNI__)
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#define TSR_HAVE_VNNI 1
+#else
+#define TSR_HAVE_VNNI 0
+#endif
+/* 512-bit path: two weight rows per vector (AVX512-VNNI with BW/VL, and F16C) */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define TSR_ZMM 1
+#else
+#define TSR_ZMM 0
+#endif
+
+int tsr_native_abi(void) { return 5; }
+
+int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
+
+int tsr_native_zmm(void) { return TSR_ZMM; }
+
+#if TSR_HAVE_VNNI
+
+typedef struct {
+    int8_t *q;   /* (m, n_in) int8 codes */
+    float *d;    /* (m, nb) block scales */
+    int32_t *s8; /* (m, nb) start value per lane when 8 lanes hold a row's block */
+    int32_t *s4; /* (m, nb) the same for 4 lanes (Q4_0's 4-row layout) */
+} act_q8;
+
+static float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Activations and outputs are float32, bfloat16 or float16 (the caller's compute dtype),
+ * so the caller converts nothing: each conversion costs a few microseconds in torch. */
+enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
+
+static inline __m256 load8(const void *x, int64_t i, int dtype) {
+    if (dtype == DT_BF16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    if (dtype == DT_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i)));
+    return _mm256_loadu_ps((const float *)x + i);
+}
+
+static inline void store1(void *y, int64_t i, float v, int dtype) {
+    if (dtype == DT_BF16) {
+        uint32_t u;
+        memcpy(&u, &v, 4);
+        /* round to nearest even, as torch's float -> bfloat16; NaN stays a quiet NaN */
+        u = (v != v) ? (u | 0x00400000u) : u + 0x7FFFu + ((u >> 16) & 1u);
+        ((uint16_t *)y)[i] = (uint16_t)(u >> 16);
+    } else if (dtype == DT_F16) {
+        ((uint16_t *)y)[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+        ((float *)y)[i] = v;
+    }
+}
+
+static inline float load1(const void *x, int64_t i, int dtype) {
+    if (dtype == DT_BF16) {
+        const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        return v;
+    }
+    if (dtype == DT_F16) return _cvtsh_ss(((const uint16_t *)x)[i]);
+    return ((const float *)x)[i];
+}
+
+/* One block of 32 values to 32 int8 codes: d = max|x| / 127, q = round-to-nearest(x / d). */
+static void quantize_block(const void *x, int64_t i, int dtype, int8_t *q, float *d, int32_t *s8,
+                           int32_t *s4, int offset) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v0 = load8(x, i, dtype), v1 = load8(x, i + 8, dtype);
+    __m256 v2 = load8(x, i + 16, dtype), v3 = load8(x, i + 24, dtype);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    *d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, id));
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, id));
+    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    /* packs works within 128-bit lanes: put the 4-byte groups back in order */
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    *s8 = -(offset / 8) * sum;
+    *s4 = -(offset / 4) * sum;
+}
+
+static int quantize_act(const void *x, int dtype, int64_t m, int64_t n_in, int offset,
+                        act_q8 *a) {
+    const int64_t nb = n_in / QK;
+    a->q = malloc((size_t)(m * n_in + 64)); /* read with unaligned loads */
+    a->d = malloc(sizeof(float) * (size_t)(m * nb + 1));
+    a->s8 = malloc(sizeof(int32_t) * (size_t)(m * nb + 1));
+    a->s4 = malloc(sizeof(int32_t) * (size_t)(m * nb + 1));
+    if (!a->q || !a->d || !a->s8 || !a->s4) return 0;
+    for (int64_t i = 0; i < m * nb; i++)
+        quantize_block(x, i * QK, dtype, a->q + i * QK, a->d + i, a->s8 + i, a->s4 + i, offset);
+    return 1;
+}
+
+static void free_act(act_q8 *a) {
+    free(a->q);
+    free(a->d);
+    free(a->s8);
+    free(a->s4);
+}
+
+/* The weight codes of one block as 32 unsigned bytes in activation order. */
+static inline __m256i q4_0_codes(const uint8_t *blk) {
+    /* low nibbles are values 0..15 of the block, high nibbles values 16..31 */
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+static inline __m256i q8_0_codes(const uint8_t *blk) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    return _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80));
+}
+
+static inline float f16_scale(const uint8_t *blk) {
+    uint16_t h;
+    memcpy(&h, blk, 2);
+    return _cvtsh_ss(h);
+}
+
+/* prefetcht0 as asm: gcc 12 silently dropped _mm_prefetch once these kernels were inlined
+ * into the OpenMP region (40% slower decode; check with objdump -d | grep prefetch). */
+static inline void prefetch1(const uint8_t *p) {
+    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
+}
+
+/* y[r] = dot(weight row r, activation row) for r < R, R a compile-time constant after
+ * inlining; type_size 18 (Q4_0) or 34 (Q8_0) picks the code unpacking. */
+static inline __attribute__((always_inline)) void dot_rows(
+    const uint8_t *w, int64_t row_bytes, int R, int64_t nb, int type_size, const int8_t *qa,
+    const float *da, const int32_t *s8, float *y) {
+    __m256 acc[ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(qa + b * QK));
+        const __m256i s = _mm256_set1_epi32(s8[b]);
+        const float d = da[b];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = w + r * row_bytes + b * type_size;
+            prefetch1(blk + PREFETCH);
+            const __m256i u = type_size == 18 ? q4_0_codes(blk) : q8_0_codes(blk);
+            const __m256 dot = _mm256_cvtepi32_ps(DPBUSD(s, u, a));
+            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f16_scale(blk) * d), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
+}
+
+#if TSR_ZMM
+/* f16 scales of block b in four rows as 4 floats. */
+static inline __m128 scales4(const uint8_t *blk, int64_t row_bytes) {
+    uint16_t h0, h1, h2, h3;
+    memcpy(&h0, blk, 2);
+    memcpy(&h1, blk + row_bytes, 2);
+    memcpy(&h2, blk + 2 * row_bytes, 2);
+    memcpy(&h3, blk + 3 * row_bytes, 2);
+    const uint64_t h = h0 | (uint64_t)h1 << 16 | (uint64_t)h2 << 32 | (uint64_t)h3 << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
+}
+
+
+static inline void prefetch4(const uint8_t *p, int64_t row_bytes) {
+    prefetch1(p + PREFETCH);
+    prefetch1(p + row_bytes + PREFETCH);
+    prefetch1(p + 2 * row_bytes + PREFETCH);
+    prefetch1(p + 3 * row_bytes + PREFETCH);
+}
+
+/* Q4_0, four weight rows x MI activation rows: weight row r's 16 code bytes in 128-bit lane
+ * r; low nibbles (values 0..15) meet the activation's first 16 bytes repeated in every
+ * lane, high nibbles its last 16. y[i * 4 + r]. */
+static inline __attribute__((always_inline)) void q4_0_4rows(
+    const uint8_t *w, int64_t row_bytes, int64_t nb, const act_q8 *a, int64_t i0, int64_t n_in,
+    int MI, float *y) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 acc[MI_MAX];
+    for (int i = 0; i < MI; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 18;
+        prefetch4(blk, row_bytes);
+        __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + row_bytes + 2)), 1);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 2 * row_bytes + 2)), 2);
+        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 3 * row_bytes + 2)), 3);
+        const __m512i lo = _mm512_and_si512(z, nib);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+        const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(blk, row_bytes)));
+        for (int i = 0; i < MI; i++) {
+            const int8_t *qa = a->q + (i0 + i) * n_in + b * QK;
+            const int64_t k = (i0 + i) * nb + b;
+            const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qa));
+            const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qa + 16)));
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_set1_epi32(a->s4[k]), lo, a_lo);
+            dot = _mm512_dpbusd_epi32(dot, hi, a_hi);
+            const __m512 s = _mm512_mul_ps(sc, _mm512_set1_ps(a->d[k]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), s, acc[i]);
+        }
+    }
+    for (int i = 0; i < MI; i++) {
+        y[i * ROWS + 0] = _mm512_mask_reduce_add_ps(0x000F, acc[i]);
+        y[i * ROWS + 1] = _mm512_mask_reduce_add_ps(0x00F0, acc[i]);
+        y[i * ROWS + 2] = _mm512_mask_reduce_add_ps(0x0F00, acc[i]);
+        y[i * ROWS + 3] = _mm512_mask_reduce_add_ps((__mmask16)0xF000, acc[i]);
+    }
+}
+
+/* Q8_0, four weight rows x MI activation rows: two weight rows' 32 code bytes per vector,
+ * the activation block repeated. */
+static inline __attribute__((always_inline)) void q8_0_4rows(
+    const uint8_t *w, int64_t row_bytes, int64_t nb, const act_q8 *a, int64_t i0, int64_t n_in,
+    int MI, float *y) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const __m512i spread01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i spread23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    __m512 acc01[MI_MAX], acc23[MI_MAX];
+    for (int i = 0; i < MI; i++) acc01[i] = acc23[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * 34;
+        prefetch4(blk, row_bytes);
+        __m512i z01 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2)));
+        z01 = _mm512_inserti64x4(z01, _mm256_loadu_si256((const __m256i *)(blk + row_bytes + 2)), 1);
+        __m512i z23 = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2 * row_bytes + 2)));
+        z23 = _mm512_inserti64x4(z23, _mm256_loadu_si256((const __m256i *)(blk + 3 * row_bytes + 2)), 1);
+        z01 = _mm512_xor_si512(z01, flip);
+        z23 = _mm512_xor_si512(z23, flip);
+        const __m512 sc = _mm512_castps128_ps512(scales4(blk, row_bytes));
+        const __m512 sc01 = _mm512_permutexvar_ps(spread01, sc);
+        const __m512 sc23 = _mm512_permutexvar_ps(spread23, sc);
+        for (int i = 0; i < MI; i++) {
+            const int64_t k = (i0 + i) * nb + b;
+            const __m512i av = _mm512_broadcast_i64x4(
+                _mm256_loadu_si256((const __m256i *)(a->q + (i0 + i) * n_in + b * QK)));
+            const __m512i s = _mm512_set1_epi32(a->s8[k]);
+            const __m512 d = _mm512_set1_ps(a->d[k]);
+            const __m512i dot01 = _mm512_dpbusd_epi32(s, z01, av);
+            const __m512i dot23 = _mm512_dpbusd_epi32(s, z23, av);
+            acc01[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot01), _mm512_mul_ps(sc01, d), acc01[i]);
+            acc23[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot23), _mm512_mul_ps(sc23, d), acc23[i]);
+        }
+    }
+    for (int i = 0; i < MI; i++) {
+        y[i * ROWS + 0] = _mm512_mask_reduce_add_ps(0x00FF, acc01[i]);
+        y[i * ROWS + 1] = _mm512_mask_reduce_add_ps((__mmask16)0xFF00, acc01[i]);
+        y[i * ROWS + 2] = _mm512_mask_reduce_add_ps(0x00FF, acc23[i]);
+        y[i * ROWS + 3] = _mm512_mask_reduce_add_ps((__mmask16)0xFF00, acc23[i]);
+    }
+}
+
+/* Four weight rows x activation rows i0 .. i0 + mi - 1 (mi <= MI_MAX) into y[i * 4 + r]. */
+static void zmm_4rows(const uint8_t *w, int64_t row_bytes, int64_t nb, const act_q8 *a,
+                      int64_t i0, int64_t mi, int64_t n_in, int type_size, float *y) {
+#define TSR_CASE(MI)                                                                     \
+    case MI:                                                                             \
+        if (type_size == 18)                                                             \
+            q4_0_4rows(w, row_bytes, nb, a, i0, n_in, MI, y);                            \
+        else                                                                             \
+            q8_0_4rows(w, row_bytes, nb, a, i0, n_in, MI, y);                            \
+        break;
+    switch (mi) {
+        TSR_CASE(1)
+        TSR_CASE(2)
+        TSR_CASE(3)
+        TSR_CASE(4)
+    }
+#undef TSR_CASE
+}
+#endif
+
+/* y (m, sum n_outs) = x (m, n_in) @ [W_0; W_1; ...].T (+ the biases): n_w weights of the
+ * same type that read the same activations (Q/K/V, gate/up), quantized once, in one
+ * parallel region over the row groups of all of them. biases[k] is NULL or n_outs[k]
+ * values of dtype, added before the one rounding of each output. */
+static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                   const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                   int dtype, int n_threads, int type_size, int offset) {
+    const int64_t nb = n_in / QK, row_bytes = nb * type_size;
+    int64_t first_group[GEMV_MAX_WEIGHTS + 1], col[GEMV_MAX_WEIGHTS + 1];
+    first_group[0] = col[0] = 0;
+    for (int k = 0; k < n_w; k++) {
+        first_group[k + 1] = first_group[k] + (n_outs[k] + ROWS - 1) / ROWS;
+        col[k + 1] = col[k] + n_outs[k];
+    }
+    const int64_t groups = first_group[n_w], width = col[n_w];
+    act_q8 a;
+    if (!quantize_act(x, dtype, m, n_in, offset, &a)) {
+        free_act(&a);
+        for (int64_t i = 0; i < m * width; i++) store1(y, i, __builtin_nanf(""), dtype);
+        return;
+    }
+    const int64_t group_bytes = ROWS * row_bytes;
+    const int chunk = group_bytes >= GEMV_CHUNK_BYTES ? 1 : (int)(GEMV_CHUNK_BYTES / group_bytes);
+#pragma omp parallel for schedule(guided, chunk) num_threads(n_threads) if (n_threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        int k = 0;
+        while (g >= first_group[k + 1]) k++;
+        const int64_t r0 = (g - first_group[k]) * ROWS, n_out = n_outs[k];
+        const int64_t n = n_out - r0 < ROWS ? n_out - r0 : ROWS;
+        const uint8_t *wg = ws[k] + r0 * row_bytes;
+        const void *bias = biases ? biases[k] : NULL;
+        float yi[MI_MAX * ROWS];
+        for (int64_t i0 = 0; i0 < m; i0 += MI_MAX) {
+            const int64_t mi = m - i0 < MI_MAX ? m - i0 : MI_MAX;
+#if TSR_ZMM
+            if (n == ROWS) {
+                zmm_4rows(wg, row_bytes, nb, &a, i0, mi, n_in, type_size, yi);
+            } else
+#endif
+            {
+                for (int64_t i = 0; i < mi; i++) {
+                    const int8_t *qa = a.q + (i0 + i) * n_in;
+                    const float *da = a.d + (i0 + i) * nb;
+                    const int32_t *s8 = a.s8 + (i0 + i) * nb;
+                    if (n == ROWS && type_size == 18)
+                        dot_rows(wg, row_bytes, ROWS, nb, 18, qa, da, s8, yi + i * ROWS);
+                    else if (n == ROWS)
+                        dot_rows(wg, row_bytes, ROWS, nb, 34, qa, da, s8, yi + i * ROWS);
+                    else
+                        for (int64_t r = 0; r < n; r++) {
+                            const uint8_t *wr = wg + r * row_bytes;
+                            float *yr = yi + i * ROWS + r;
+                            if (type_size == 18)
+                                dot_rows(wr, row_bytes, 1, nb, 18, qa, da, s8, yr);
+                            else
+                                dot_rows(wr, row_bytes, 1, nb, 34, qa, da, s8, yr);
+                        }
+                }
+            }
+            for (int64_t i = 0; i < mi; i++)
+                for (int64_t r = 0; r < n; r++)
+                    store1(y, (i0 + i) * width + col[k] + r0 + r,
+                           yi[i * ROWS + r] + (bias ? load1(bias, r0 + r, dtype) : 0.0f), dtype);
+        }
+    }
+    free_act(&a);
+}
+
+/* y (m, n_out) = x (m, n_in) @ W.T, W = n_out rows of GGUF block bytes; x and y contiguous,
+ * both of dtype 0 (float32), 1 (bfloat16) or 2 (float16). */
+void tsr_gemv_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
+                   void *y, int dtype, int n_threads) {
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 18, 8);
+}
+
+void tsr_gemv_q8_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
+                   void *y, int dtype, int n_threads) {
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 34, 128);
+}
+
+/* Several weights of one type (type_size 18: Q4_0, 34: Q8_0) on the same activations, their
+ * outputs side by side in y (m, sum n_outs), each plus its bias (NULL entries: none; or
+ * biases NULL). At most GEMV_MAX_WEIGHTS weights; returns 0 when asked for more. */
+int tsr_gemv_n(int type_size, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+               const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+               int dtype, int n_threads) {
+    if (n_w < 1 || n_w > GEMV_MAX_WEIGHTS || (type_size != 18 && type_size != 34)) return 0;
+    gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads, type_size,
+           type_size == 18 ? 8 : 128);
+    return 1;
+}
+
+/* Eight float32 values to y[i..i+8) in dtype, rounded as torch rounds (to nearest even). */
+static inline void store8(void *y, int64_t i, __m256 v, int dtype) {
+    if (dtype == DT_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+        const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
+        _mm_storeu_si128((__m128i *)((uint16_t *)y + i), _mm_packus_epi32(lo, hi));
+    } else if (dtype == DT_F16) {
+        _mm_storeu_si128((__m128i *)((uint16_t *)y + i),
+                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+        _mm256_storeu_ps((float *)y + i, v);
+    }
+}
+
+/* y (n_out, n_in) = the Q4_0 weight in dtype, for prefill matmuls: (n - 8) * d is exact in
+ * float32 (a 4-bit integer times a float16), so the only rounding is the final one, the
+ * same as torch's dequantization path gives, bit for bit. */
+void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, int dtype,
+                      int n_threads) {
+    const int64_t nb = n_in / QK, row_bytes = nb * 18;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1)
+    for (int64_t r = 0; r < n_out; r++) {
+        const uint8_t *blk = w + r * row_bytes;
+        for (int64_t b = 0; b < nb; b++, blk += 18) {
+            const __m256 d = _mm256_set1_ps(f16_scale(blk));
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 2));
+            const __m128i low = _mm_set1_epi8(0x0F);
+            /* low nibbles are values 0..15 of the block, high nibbles 16..31 */
+            const __m128i halves[2] = {_mm_and_si128(packed, low),
+                                       _mm_and_si128(_mm_srli_epi16(packed, 4), low)};
+            for (int h = 0; h < 2; h++)
+                for (int k = 0; k < 2; k++) {
+                    const __m128i bytes = k ? _mm_srli_si128(halves[h], 8) : halves[h];
+                    const __m256i n = _mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes),
+                                                       _mm256_set1_epi32(8));
+                    store8(y, r * n_in + b * QK + h * 16 + k * 8,
+                           _mm256_mul_ps(_mm256_cvtepi32_ps(n), d), dtype);
+                }
+        }
+    }
+}
+
+/* y (m, n) = x / sqrt(mean(x^2) + eps) * w per row, with float32 statistics as the torch
+ * path computes them (w: float32, or NULL for none); x and y of dtype. One C call instead
+ * of torch's composite: two per layer per decode token, and prefill's rows in parallel. */
+void tsr_rms_norm(const void *x, int64_t m, int64_t n, const float *w, float eps, void *y,
+                  int dtype, int n_threads) {
+    /* rows over the threads for prefill-sized inputs; decode's few rows stay on one */
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && m > 1 && m * n >= 65536)
+    for (int64_t r = 0; r < m; r++) {
+        const int64_t base = r * n;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = load8(x, base + i, dtype);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = hsum(acc);
+        for (; i < n; i++) {
+            const float v = load1(x, base + i, dtype);
+            ss += v * v;
+        }
+        const float scale = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(ss / (float)n + eps)));
+        const __m256 s = _mm256_set1_ps(scale);
+        for (i = 0; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_mul_ps(load8(x, base + i, dtype), s);
+            if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+            store8(y, base + i, v, dtype);
+        }
+        for (; i < n; i++) {
+            const float v = load1(x, base + i, dtype) * scale;
+            store1(y, base + i, w ? v * w[i] : v, dtype);
+        }
+    }
+}
+
+/* v rounded to dtype and back, as torch rounds the result of every eager op. */
+static inline float round_to(float v, int dtype) {
+    if (dtype == DT_F32) return v;
+    uint16_t h;
+    store1(&h, 0, v, dtype);
+    return load1(&h, 0, dtype);
+}
+
+/* y (t, h, d) = x with its first n_rot values of every head rotated by the angle table
+ * (cos, sin: (t, n_rot / 2) of dtype), pairs (j, j + n_rot/2) when neox, else (2j, 2j+1);
+ * the rest copied. Each product, difference and sum is rounded to dtype, exactly as the
+ * torch path's eager ops round them, so the result is the same bit for bit. */
+void tsr_rope(const void *x, int64_t t, int64_t h, int64_t d, int64_t n_rot, const void *cos,
+              const void *sin, int neox, void *y, int dtype) {
+    const int64_t half = n_rot / 2;
+    const size_t width = dtype == DT_F32 ? 4 : 2;
+    for (int64_t i = 0; i < t; i++)
+        for (int64_t k = 0; k < h; k++) {
+            const int64_t base = (i * h + k) * d;
+            for (int64_t j = 0; j < half; j++) {
+                const int64_t ia = neox ? base + j : base + 2 * j;
+                const int64_t ib = neox ? base + j + half : base + 2 * j + 1;
+                const float a = load1(x, ia, dtype), b = load1(x, ib, dtype);
+                const float c = load1(cos, i * half + j, dtype), s = load1(sin, i * half + j, dtype);
+                const float ac = round_to(a * c, dtype), bs = round_to(b * s, dtype);
+                const float as = round_to(a * s, dtype), bc = round_to(b * c, dtype);
+                store1(y, ia, ac - bs, dtype);
+                store1(y, ib, as + bc, dtype);
+            }
+            if (d > n_rot)
+                memcpy((char *)y + (base + n_rot) * width, (const char *)x + (base + n_rot) * width,
+                       (size_t)(d - n_rot) * width);
+        }
+}
+
+
+/* e^x for x <= 0 (softmax of scores minus their max), float32: the exponent split off as
+ * 2^round(x log2 e), e^r of the rest by a degree-7 polynomial (Cephes' expf coefficients),
+ * relative error ~1e-7; below -87 the result is 0 (float32 would be denormal there). */
+static inline __m256 exp_nonpos(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.0f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
+                                                         _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* Rows cells[0 .. n) of KV head g of a cache (cells, h_kv, d) of dtype into tile (8, dp) as
+ * float32, zeros past d, for missing rows (n < 8) and for rows not read (cell < 0, or
+ * ok[j] == 0 when ok is given). */
+static void load_tile(const void *cache, const int64_t *cells, int64_t n, const uint8_t *ok,
+                      int64_t h_kv, int64_t g, int64_t d, int64_t dp, int dtype, float *tile) {
+    for (int64_t jj = 0; jj < 8; jj++) {
+        float *row = tile + jj * dp;
+        const int read = jj < n && cells[jj] >= 0 && !(ok && !ok[jj]);
+        const int64_t base = read ? (cells[jj] * h_kv + g) * d : 0;
+        int64_t i = 0;
+        if (read)
+            for (; i + 8 <= d; i += 8) _mm256_storeu_ps(row + i, load8(cache, base + i, dtype));
+        for (; i < dp; i++) row[i] = read && i < d ? load1(cache, base + i, dtype) : 0.0f;
+    }
+}
+
+/* The sums of a[0] .. a[7] as one vector. */
+static inline __m256 hsum8x8(const __m256 a[8]) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Attention of each query over its own cache rows (the attention_rows op, for few queries).
+ *
+ * q (t, h, d); k_cache (cells, h_kv, d) and v_cache (cells, h_kv, dv), all of dtype; query
+ * head j reads KV head j / (h / h_kv). The queries come in s slices of tq: q_rows (s, tq) is
+ * the query's row of q and out (-1: none), rows (s, r) the cache cells the slice reads (-1:
+ * none), allowed (s, tq, r) bytes, nonzero where the query may read the row (NULL: every
+ * row). Scores and the softmax are float32; each output value is rounded once; a query
+ * with no row gives zeros. out is (t, h * dv).
+ *
+ * One task per query and block of up to HB query heads sharing a KV head: each K and V
+ * row is converted to float32 once for the whole block. */
+#define HB 8
+void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const void *k_cache,
+                        const void *v_cache, int64_t h_kv, int64_t dv, const int64_t *rows,
+                        int64_t s, int64_t r, const int64_t *q_rows, int64_t tq,
+                        const uint8_t *allowed, float scale, void *out, int dtype, int n_threads) {
+    const int64_t group = h / h_kv, blocks = (group + HB - 1) / HB;
+    const int64_t tasks = s * tq * h_kv * blocks;
+    (void)t;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && tasks > 1 && tasks * r * d * HB >= 65536)
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t sj = task / (h_kv * blocks), g = task / blocks % h_kv;
+        const int64_t h0 = g * group + task % blocks * HB;
+        const int64_t nh = g * group + group - h0 < HB ? g * group + group - h0 : HB;
+        const int64_t qr = q_rows[sj];
+        if (qr < 0) continue;
+        const int64_t *cells = rows + sj / tq * r;
+        const uint8_t *ok = allowed ? allowed + sj * r : NULL;
+        /* scores (nh, r); the query block (nh, dp) scaled and a tile of 8 K rows (8, dp)
+         * in float32, rows padded with zeros to dp, a multiple of 8 */
+        const int64_t dp = (d + 7) / 8 * 8, dvp = (dv + 7) / 8 * 8, wp = dp > dvp ? dp : dvp;
+        float *score = malloc(sizeof(float) * (size_t)(nh * r + nh * wp + 8 * wp + 8));
+        if (!score) {
+            for (int64_t i = 0; i < nh * dv; i++) store1(out, (qr * h + h0) * dv + i, NAN, dtype);
+            continue;
+        }
+        float *qf = score + nh * r, *tile = qf + nh * wp;
+        for (int64_t hh = 0; hh < nh; hh++)
+            for (int64_t i = 0; i < dp; i++)
+                qf[hh * dp + i] = i < d ? load1(q, (qr * h + h0 + hh) * d + i, dtype) * scale : 0.0f;
+        float m[HB], total[HB];
+        for (int64_t hh = 0; hh < HB; hh++) m[hh] = -INFINITY, total[hh] = 0.0f;
+        for (int64_t j0 = 0; j0 < r; j0 += 8) {
+            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
+            load_tile(k_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, d, dp, dtype, tile);
+            for (int64_t hh = 0; hh < nh; hh++) {
+                __m256 a[8];
+                for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_setzero_ps();
+                for (int64_t i = 0; i < dp; i += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qf + hh * dp + i);
+                    for (int jj = 0; jj < 8; jj++)
+                        a[jj] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(tile + jj * dp + i), a[jj]);
+                }
+                float sums[8];
+                _mm256_storeu_ps(sums, hsum8x8(a));
+                for (int64_t jj = 0; jj < nj; jj++) {
+                    const int64_t j = j0 + jj;
+                    const float sc = cells[j] >= 0 && !(ok && !ok[j]) ? sums[jj] : -INFINITY;
+                    score[hh * r + j0 + jj] = sc;
+                    if (sc > m[hh]) m[hh] = sc;
+                }
+            }
+        }
+        for (int64_t hh = 0; hh < nh; hh++) {
+            if (m[hh] == -INFINITY) continue; /* no row: zeros */
+            float *sr = score + hh * r;
+            const __m256 mv = _mm256_set1_ps(m[hh]);
+            __m256 sum = _mm256_setzero_ps();
+            int64_t j = 0;
+            for (; j + 8 <= r; j += 8) { /* masked rows hold -inf: exp gives 0 */
+                const __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
+                _mm256_storeu_ps(sr + j, p);
+                sum = _mm256_add_ps(sum, p);
+            }
+            if (j < r) {
+                float tail[8];
+                for (int64_t k = 0; k < 8; k++) tail[k] = j + k < r ? sr[j + k] - m[hh] : -INFINITY;
+                _mm256_storeu_ps(tail, exp_nonpos(_mm256_loadu_ps(tail)));
+                for (int64_t k = 0; j + k < r; k++) sr[j + k] = tail[k];
+                sum = _mm256_add_ps(sum, _mm256_loadu_ps(tail));
+            }
+            total[hh] = hsum(sum);
+        }
+        /* out = p V / sum p, over tiles of 8 V rows converted once for the head block */
+        float *acc = qf; /* the queries are done with: (nh, dvp) sums of p v */
+        for (int64_t i = 0; i < nh * dvp; i++) acc[i] = 0.0f;
+        for (int64_t j0 = 0; j0 < r; j0 += 8) {
+            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
+            load_tile(v_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, dv, dvp, dtype, tile);
+            for (int64_t hh = 0; hh < nh; hh++) {
+                __m256 p[8];
+                for (int jj = 0; jj < 8; jj++)
+                    p[jj] = _mm256_set1_ps(jj < nj && m[hh] > -INFINITY ? score[hh * r + j0 + jj] : 0.0f);
+                for (int64_t i = 0; i < dvp; i += 8) {
+                    __m256 sum = _mm256_loadu_ps(acc + hh * dvp + i);
+                    for (int jj = 0; jj < 8; jj++)
+                        sum = _mm256_fmadd_ps(p[jj], _mm256_loadu_ps(tile + jj * dvp + i), sum);
+                    _mm256_storeu_ps(acc + hh * dvp + i, sum);
+                }
+            }
+        }
+        for (int64_t hh = 0; hh < nh; hh++) {
+            const float inv = total[hh] > 0.0f ? 1.0f / total[hh] : 0.0f;
+            for (int64_t i = 0; i < dv; i++) store1(out, (qr * h + h0 + hh) * dv + i, acc[hh * dvp + i] * inv, dtype);
+        }
+        free(score);
+    }
+}
+/* v rounded to dtype (to nearest even) and widened back to float32, 8 at a time. */
+static inline __m256 round8(__m256 v, int dtype) {
+    if (dtype == DT_BF16) {
+        __m256i u = _mm256_castps_si256(v);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+        u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
+        return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xFFFF0000u)));
+    }
+    if (dtype == DT_F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return v;
+}
+
+/* y = a + b (n values of dtype, y may be a), or silu(a) * b when swiglu (silu rounded to
+ * dtype before the product, as the eager torch ops round it; sigmoid from e^-|a|). Whole
+ * vectors of 8 where they fit (a scalar loop here cost 6% of a decode block). */
+static inline __m256 elementwise8(__m256 va, __m256 vb, int dtype, int swiglu) {
+    if (!swiglu) return _mm256_add_ps(va, vb);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_nonpos(_mm256_or_ps(va, _mm256_set1_ps(-0.0f)));
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, va), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(round8(_mm256_mul_ps(va, sig), dtype), vb);
+}
+
+static void elementwise(const void *a, const void *b, int64_t n, void *y, int dtype, int swiglu) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        store8(y, i, elementwise8(load8(a, i, dtype), load8(b, i, dtype), dtype, swiglu), dtype);
+    if (i < n) {
+        float a8[8] = {0}, b8[8] = {0}, y8[8];
+        for (int64_t k = 0; i + k < n; k++) a8[k] = load1(a, i + k, dtype), b8[k] = load1(b, i + k, dtype);
+        _mm256_storeu_ps(y8, elementwise8(_mm256_loadu_ps(a8), _mm256_loadu_ps(b8), dtype, swiglu));
+        for (int64_t k = 0; i + k < n; k++) store1(y, i + k, y8[k], dtype);
+    }
+}
+
+/* One pre-norm decoder block of the llama family (RMSNorm, GQA attention with RoPE, SwiGLU
+ * FFN; optional Q/K/V biases and per-head Q/K RMSNorm) for one token, in one call: the
+ * same kernels, in the same order and with the same roundings, as the op-by-op decode path
+ * of the torch backend, without a Python call between them. Weights are GGUF block bytes
+ * (type 18: Q4_0, 34: Q8_0), norms float32, the rest of dtype. */
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    float eps, scale;
+    int neox, type_qkv, type_o, type_ffn_up, type_down;
+    const uint8_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    const void *bq, *bk, *bv;          /* dtype, or NULL */
+    const float *attn_norm, *ffn_norm; /* n_embd */
+    const float *q_norm, *k_norm;      /* head_dim, or NULL */
+    void *k_cache, *v_cache;           /* (cells, n_head_kv, head_dim) of dtype */
+} tsr_block;
+
+/* The token: its RoPE angles (n_rot / 2 values of dtype each), the cache cell its K/V go
+ * to, and the cells it attends to (in position order, its own included). */
+typedef struct {
+    const void *cos, *sin;
+    int64_t cell;
+    const int64_t *rows;
+    int64_t n_rows;
+} tsr_step;
+
+static int offset_of(int type_size) { return type_size == 18 ? 8 : 128; }
+
+/* y (n_embd) = the block applied to x (n_embd); y may be x (x is last read before y is
+ * written). Returns 0 when out of memory. */
+int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void *y, int dtype,
+                     int n_threads) {
+    const int64_t es = dtype == DT_F32 ? 4 : 2, n = b->n_embd;
+    const int64_t qd = b->n_head * b->head_dim, kd = b->n_head_kv * b->head_dim;
+    char *buf = malloc((size_t)(es * (4 * n + 3 * qd + 2 * kd + 3 * b->n_ff) + 64));
+    if (!buf) return 0;
+    char *h = buf, *q = h + es * n, *k = q + es * qd, *v = k + es * kd, *qr = v + es * kd;
+    char *att = qr + es * qd, *mid = att + es * qd, *gu = mid + es * n;
+    char *act = gu + es * 2 * b->n_ff, *tmp = act + es * b->n_ff;
+    tsr_rms_norm(x, 1, n, b->attn_norm, b->eps, h, dtype, 1);
+    const uint8_t *qkv_w[3] = {b->wq, b->wk, b->wv};
+    const int64_t qkv_n[3] = {qd, kd, kd};
+    const void *qkv_b[3] = {b->bq, b->bk, b->bv};
+    gemv_n(3, qkv_w, qkv_n, qkv_b, n, h, 1, q, dtype, n_threads, b->type_qkv, offset_of(b->type_qkv));
+    if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype, 1);
+    if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype, 1);
+    char *k_cell = (char *)b->k_cache + es * kd * s->cell;
+    char *v_cell = (char *)b->v_cache + es * kd * s->cell;
+    tsr_rope(q, 1, b->n_head, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, qr, dtype);
+    tsr_rope(k, 1, b->n_head_kv, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, k_cell, dtype);
+    memcpy(v_cell, v, (size_t)(es * kd));
+    const int64_t q_row = 0;
+    tsr_attention_rows(qr, 1, b->n_head, b->head_dim, b->k_cache, b->v_cache, b->n_head_kv,
+                       b->head_dim, s->rows, 1, s->n_rows, &q_row, 1, NULL, b->scale, att, dtype,
+                       n_threads);
+    gemv_n(1, &b->wo, &n, NULL, qd, att, 1, tmp, dtype, n_threads, b->type_o, offset_of(b->type_o));
+    elementwise(x, tmp, n, mid, dtype, 0);
+    tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype, 1);
+    const uint8_t *up_w[2] = {b->w_gate, b->w_up};
+    const int64_t up_n[2] = {b->n_ff, b->n_ff};
+    gemv_n(2, up_w, up_n, NULL, n, h, 1, gu, dtype, n_threads, b->type_ffn_up,
+           offset_of(b->type_ffn_up));
+    elementwise(gu, gu + es * b->n_ff, b->n_ff, act, dtype, 1);
+    gemv_n(1, &b->w_down, &n, NULL, b->n_ff, act, 1, tmp, dtype, n_threads, b->type_down,
+           offset_of(b->type_down));
+    elementwise(mid, tmp, n, y, dtype, 0);
+    free(buf);
+    return 1;
+}
+#endif

@@ -1,0 +1,1 @@
+"""The torch backend: ops, packed weights, MoE kernels and the fused decode block."""

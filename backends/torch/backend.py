@@ -1,0 +1,122 @@
+"""The torch backend plugin (CPU and CUDA): registration and device/dtype choice.
+
+This entry-point module stays light: torch and the backend class
+(:mod:`tessera.backends.torch.ops`) are imported only when a backend is created.
+
+Choice of settings, in order: an explicit ``device`` / ``dtype`` argument; for the dtype,
+the ``TESSERA_TORCH_DTYPE`` environment variable; otherwise the device is ``cuda`` when
+torch sees a GPU, else ``cpu``, and the dtype is ``bf16`` where bf16 matmul is fast (a GPU
+that supports bf16, or a CPU with AMX-bf16 or AVX512-bf16 units) and ``f32`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tessera.contract.backend import BackendInfo
+from tessera.errors import UnknownBackendError
+from tessera.hookspecs import hookimpl
+
+TESSERA_PLUGIN_API = 1
+
+#: Accepted dtype spellings and the canonical name the backend reports.
+DTYPE_NAMES = {
+    "f32": "f32",
+    "float32": "f32",
+    "fp32": "f32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "f16": "f16",
+    "float16": "f16",
+    "fp16": "f16",
+}
+
+#: CPU flags of units that make torch's bf16 matmul faster than f32 (oneDNN uses them).
+FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has AMX-bf16 or AVX512-bf16 (read from /proc/cpuinfo where present)."""
+    import torch
+
+    if "AMX" in torch.backends.cpu.get_cpu_capability().upper():
+        return True
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return any(flag in flags for flag in FAST_BF16_CPU_FLAGS)
+
+
+def pick_device(device: str | None) -> Any:
+    """A ``torch.device`` for ``device`` (None: cuda if available); error if unusable here."""
+    import torch
+
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise UnknownBackendError(
+            f"the torch backend does not know device '{device}'; use 'cpu' or 'cuda[:N]'"
+        ) from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UnknownBackendError(
+                f"device '{device}' asked for, but torch sees no CUDA GPU here; use 'cpu' or "
+                "install a CUDA build of torch"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UnknownBackendError(
+                f"device '{device}' does not exist; this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif dev.type != "cpu":
+        raise UnknownBackendError(f"the torch backend runs on 'cpu' or 'cuda', not '{device}'")
+    return dev
+
+
+def pick_dtype(dtype: str | None, device: Any) -> str:
+    """The canonical compute dtype: argument, else TESSERA_TORCH_DTYPE, else the fast one."""
+    import torch
+
+    asked = dtype if dtype is not None else os.environ.get("TESSERA_TORCH_DTYPE", "").strip()
+    if asked:
+        if asked.lower() not in DTYPE_NAMES:
+            raise UnknownBackendError(
+                f"the torch backend does not compute in '{asked}'; use one of f32, bf16, f16"
+            )
+        return DTYPE_NAMES[asked.lower()]
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "f32"
+    return "bf16" if cpu_has_fast_bf16() else "f32"
+
+
+def create(device: str | None = None, dtype: str | None = None) -> Any:
+    """Make a :class:`tessera.backends.torch.ops.TorchBackend` (imports torch)."""
+    try:
+        from tessera.backends.torch.ops import TorchBackend
+    except ImportError as exc:
+        raise UnknownBackendError(
+            f"the torch backend needs torch ({exc}); install it with `pip install torch`"
+        ) from exc
+    dev = pick_device(device)
+    return TorchBackend(dev, pick_dtype(dtype, dev))
+
+
+@hookimpl
+def tessera_register_backends(register):
+    register(
+        BackendInfo(
+            "torch",
+            create,
+            "torch on cpu/cuda; bf16 where fast; int4/int8 weight kernels; SDPA attention",
+        )
+    )

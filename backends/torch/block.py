@@ -1,0 +1,145 @@
+"""The torch backend's ``decoder_block`` op: a whole llama-family block per decode token in
+one native call (:mod:`tessera.backends.native.kernels`, ``tsr_block_decode``).
+
+Op by op, a decode token crosses from Python into torch or C about 13 times per layer;
+each crossing costs tens of microseconds next to matmuls that read a few hundred KiB,
+so at two threads the Python side took as long as the matmuls. The native block runs the
+same kernels in the same order (native RMSNorm, Q/K/V in one ``matmul_n``, RoPE, the K/V
+write, row-list attention, the output projection, the residual, gate/up, SwiGLU, down),
+with the same roundings, without returning to Python in between.
+
+It declines (returns None, nothing written) unless every matrix runs a native kernel at
+one row (Q/K/V of one type, gate/up of one type), the biases and caches are in the compute
+dtype, and the token attends to one list of rows with nothing masked (no sliding window).
+``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
+``TESSERA_DECODER_BLOCK_DISABLE=1`` turns off only this op (the ops run one by one).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from tessera.backends.native.kernels import TYPE_SIZES, BlockStruct, StepStruct
+
+
+def disabled() -> bool:
+    """Whether ``TESSERA_DECODER_BLOCK_DISABLE`` switches the fused block off."""
+    return os.environ.get("TESSERA_DECODER_BLOCK_DISABLE", "").strip() not in ("", "0")
+
+
+def decoder_block(
+    backend: Any,
+    x: Any,
+    block: Any,
+    k_cache: Any,
+    v_cache: Any,
+    cell: int,
+    kv_rows: Any,
+    positions: np.ndarray,
+) -> Any | None:
+    """See :meth:`tessera.contract.backend.Backend.decoder_block`."""
+    native = backend._native()
+    if native is None or x.shape[0] != 1 or not x.is_contiguous():
+        return None
+    struct = _block_struct(backend, block)
+    if struct is None or not _caches_ok(x, k_cache, v_cache, block):
+        return None
+    step = _step_struct(backend, kv_rows, block, positions, cell)
+    if step is None:
+        return None
+    struct.k_cache, struct.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    return native.block_decode(struct, step, x)
+
+
+def _caches_ok(x: Any, k_cache: Any, v_cache: Any, block: Any) -> bool:
+    shape = (block.n_head_kv, block.head_dim)
+    for c in (k_cache, v_cache):
+        if c.dtype != x.dtype or not c.is_contiguous() or c.shape[1:] != shape:
+            return False
+    return True
+
+
+def _block_struct(backend: Any, block: Any) -> BlockStruct | None:
+    """The C struct of ``block``, made once per block (None: a weight has no native kernel)."""
+    cache = backend._block_structs
+    hit = cache.get(id(block))
+    if hit is not None and hit[0] is block:
+        return hit[1]
+    struct = _make_struct(backend, block)
+    cache[id(block)] = (block, struct)  # the block kept with it: its id stays its own
+    return struct
+
+
+def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
+    found = {}
+    for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+        weight = getattr(block, name)
+        native = getattr(weight, "native_gemv", None)
+        found[name] = native(1) if native is not None else None
+        if found[name] is None:
+            return None
+    kinds = {name: kind for name, (kind, _) in found.items()}
+    if len({kinds["wq"], kinds["wk"], kinds["wv"]}) > 1 or kinds["w_gate"] != kinds["w_up"]:
+        return None
+    dtype = backend.torch_dtype
+    if any(b is not None and (b.dtype != dtype or not b.is_contiguous()) for b in (
+        block.bq, block.bk, block.bv
+    )):  # fmt: skip
+        return None
+    n_embd, n_ff = block.wq.shape[1], block.w_gate.shape[0]
+    s = BlockStruct(
+        n_embd=n_embd,
+        n_head=block.n_head,
+        n_head_kv=block.n_head_kv,
+        head_dim=block.head_dim,
+        n_ff=n_ff,
+        n_rot=block.n_rot,
+        eps=block.rms_eps,
+        scale=block.attn_scale,
+        neox=int(block.rope_neox),
+        type_qkv=TYPE_SIZES[kinds["wq"]],
+        type_o=TYPE_SIZES[kinds["wo"]],
+        type_ffn_up=TYPE_SIZES[kinds["w_gate"]],
+        type_down=TYPE_SIZES[kinds["w_down"]],
+    )
+    for name, (_, raw) in found.items():
+        setattr(s, name, raw.data_ptr())
+    keep = [raw for _, raw in found.values()]
+    for name in ("bq", "bk", "bv"):
+        bias = getattr(block, name)
+        setattr(s, name, None if bias is None else bias.data_ptr())
+        keep.append(bias)
+    for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm"):
+        w = backend._f32_weight(getattr(block, name))  # float32 copies, made once
+        setattr(s, name, None if w is None else w.data_ptr())
+        keep.append(w)
+    s.keep = keep  # the tensors behind the addresses live as long as the struct
+    return s
+
+
+def _step_struct(
+    backend: Any, kv_rows: Any, block: Any, positions: np.ndarray, cell: int
+) -> StepStruct | None:
+    """The token's struct, made once per ubatch (every layer of the step shares it)."""
+    rope = (block.n_rot, block.rope_freq_base, block.rope_freq_scale)
+    hit = backend._block_step
+    if hit is not None and hit[0] is kv_rows and hit[1] == rope and hit[2] == cell:
+        return hit[3]
+    step = None
+    rows = kv_rows.rows
+    if rows.shape[0] == 1 and kv_rows.q_rows.shape == (1, 1) and kv_rows.allowed().all():
+        cos, sin = backend._rope_table(positions, *rope)
+        cells = np.ascontiguousarray(rows[0], dtype=np.int64)
+        step = StepStruct(
+            cos=cos.data_ptr(),
+            sin=sin.data_ptr(),
+            cell=int(cell),
+            rows=cells.ctypes.data,
+            n_rows=len(cells),
+        )
+        step.keep = (cos, sin, cells)
+    backend._block_step = (kv_rows, rope, cell, step)
+    return step

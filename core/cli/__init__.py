@@ -1,0 +1,1 @@
+"""The ``tessera`` command line: the skeleton, the shared model flags and ``tessera plugins``."""

@@ -1,0 +1,89 @@
+"""The ``tessera`` command line: a skeleton whose subcommands come from plugins.
+
+Only ``tessera plugins`` lives in core, so that the plugin set can always be inspected.
+Errors a user can act on (:class:`TesseraError`) print as one line and a non-zero exit;
+``--verbose`` also shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from collections.abc import Sequence
+
+from tessera import __version__
+from tessera.cli.plugins_cmd import add_plugins_arguments, run_plugins
+from tessera.errors import TesseraError
+from tessera.plugin_manager import PluginFailure, Runtime
+
+
+def _global_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--verbose", "-v", action="store_true", help="log details and tracebacks")
+    parser.add_argument(
+        "--disable-plugins",
+        default="",
+        metavar="A,B",
+        help="entry-point names of plugins not to load (also TESSERA_DISABLE_PLUGINS)",
+    )
+    return parser
+
+
+def build_parser(runtime: Runtime) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessera",
+        description="tessera: run, serve and test LLMs locally; every feature is a plugin.",
+        parents=[_global_parser()],
+    )
+    parser.add_argument("--version", action="version", version=f"tessera {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    plugins = sub.add_parser("plugins", help="list plugins, their hooks and backend capabilities")
+    add_plugins_arguments(plugins)
+    plugins.set_defaults(run=run_plugins)
+    for command in sorted(runtime.commands().values(), key=lambda c: c.name):
+        p = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(p)
+        p.set_defaults(run=command.run)
+    return parser
+
+
+def _warn(failure: PluginFailure) -> None:
+    print(
+        f"warning: plugin '{failure.name}' skipped: {failure.error} (tessera runs without it; "
+        f"--disable-plugins {failure.name} stops loading it)",
+        file=sys.stderr,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    early, _ = _global_parser().parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if early.verbose else logging.WARNING,
+        format="%(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        runtime = Runtime(
+            disabled=[n for n in early.disable_plugins.split(",") if n], on_failure=_warn
+        )
+        parser = build_parser(runtime)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return int(args.run(args, runtime) or 0)
+    except TesseraError as exc:
+        if early.verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

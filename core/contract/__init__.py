@@ -1,0 +1,1 @@
+"""The contracts between the core and its plugins: what each kind of plugin registers or implements."""

@@ -1,0 +1,87 @@
+"""What a route plugin registers (:class:`ServerRoute`), and the error a handler raises.
+
+A handler is an async Starlette endpoint. Under ``tessera serve``,
+``request.app.state.tessera`` is the server plugin's state
+(:class:`tessera.plugins.server.state.ServerState`, the server's public module); raising
+:class:`ApiError` answers with OpenAI's error JSON::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import attrs
+
+#: OpenAI error ``type`` for each HTTP status the server uses.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    500: "server_error",
+    501: "not_supported_error",
+    503: "unavailable_error",
+}
+
+
+class ApiError(Exception):
+    """An HTTP error with a message a client can act on."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, *, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
+
+
+@attrs.frozen
+class ServerRoute:
+    """One HTTP route: Starlette path syntax (``/slots/{id_slot}``), handler and methods."""
+
+    path: str
+    endpoint: Callable[[Any], Awaitable[Any]] = attrs.field(eq=False, repr=False)
+    methods: tuple[str, ...] = ("GET",)
+    #: Reachable without the API key (``/health``, the web UI's static files).
+    public: bool = False
+    name: str = ""
+
+
+def lazy_routes(
+    package: str, table: Iterable[tuple[str, str, str, tuple[str, ...], bool]], prefix: str = ""
+) -> list[ServerRoute]:
+    """Routes from ``(path, module, handler, methods, public)`` rows whose handler,
+    ``package.module.handler``, is imported on its first call, so that a route plugin's
+    entry module stays light (no Starlette import for ``tessera plugins``)."""
+
+    def lazy(module: str, name: str) -> Callable[[Any], Awaitable[Any]]:
+        async def endpoint(request: Any) -> Any:
+            handler = getattr(importlib.import_module(f"{package}.{module}"), name)
+            return await handler(request)
+
+        endpoint.__name__ = name
+        return endpoint
+
+    return [
+        ServerRoute(path, lazy(module, name), methods, public, prefix + name)
+        for path, module, name, methods, public in table
+    ]

@@ -1,0 +1,1 @@
+"""The engine along the data flow: batches, the KV cache, the context, sampling, generation, slots."""

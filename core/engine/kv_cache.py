@@ -1,0 +1,270 @@
+"""The unified KV cache: one preallocated K and V tensor per layer, shared by all sequences.
+
+Each of the ``n_ctx`` cells holds one token's K/V rows. Cell metadata (position and the set
+of sequences that see the cell) lives in numpy arrays, so finding free cells, building the
+attention mask and removing or copying sequences are vectorized and never touch the
+tensors. Tensors are written in place by the backend's ``set_rows``.
+
+Attention reads the cache on one of two paths (chosen per context, see
+:func:`tessera.engine.context.choose_kv_path`): a dense mask over cells ``[0, n_kv)``, or per
+sequence the list of cells it really attends to (:class:`KVRows`, the ``attention_rows``
+op), so each sequence pays for its own history only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.contract.arch import KVLayerLayout
+from tessera.errors import ContextOverflowError
+
+MAX_SEQUENCES = 64  # sequence sets are stored as one uint64 bit mask per cell
+
+
+@attrs.frozen
+class KVRows:
+    """Row lists of the rows path (backend op ``attention_rows``) for one ubatch.
+
+    The ubatch's queries are grouped into ``S`` slices, one per sequence. Slice ``s``
+    attends to the cache cells ``rows[s]`` (that sequence's cells, ordered by position)
+    and nothing else; a negative entry is padding and must act exactly like a ``-inf``
+    mask entry. Inside a slice, query ``j`` at position ``q_pos[s, j]`` sees row ``r``
+    only when ``pos[s, r] <= q_pos[s, j]`` (causal order) and, with ``window > 0``,
+    ``pos[s, r] > q_pos[s, j] - window`` (sliding window).
+    """
+
+    q_rows: np.ndarray  # (S, Tq) int64: ubatch row of each query, -1 = padding
+    q_pos: np.ndarray  # (S, Tq) int32: position of each query
+    rows: np.ndarray  # (S, R) int64: cache cells, -1 = padding
+    pos: np.ndarray  # (S, R) int32: position held by each cell
+    q_index: np.ndarray  # (T,) int64: where ubatch row t sits in q_rows.ravel()
+    window: int = 0  # n_swa; 0 = no sliding window
+
+    @property
+    def padded(self) -> bool:
+        """Whether any row list has padding (a backend may skip masking work without)."""
+        return bool((self.rows < 0).any())
+
+    def allowed(self) -> np.ndarray:
+        """(S, Tq, R) bool: which rows each query attends to (padding never)."""
+        seen = (self.rows >= 0)[:, None, :] & (self.pos[:, None, :] <= self.q_pos[:, :, None])
+        if self.window > 0:
+            seen &= self.pos[:, None, :] > self.q_pos[:, :, None] - self.window
+        return seen & (self.q_rows >= 0)[:, :, None]
+
+
+@attrs.define
+class KVView:
+    """What one ubatch's forward pass sees of the cache (see :class:`ForwardInput`).
+
+    ``path`` says how attention runs: ``"dense"`` (a mask over cells ``[0, n_kv)``) or
+    ``"rows"`` (row lists per sequence, :class:`KVRows`). Masks and row lists are built
+    on first use, once per ubatch and window, so architectures only call :meth:`attend`.
+    """
+
+    k: Sequence[Any]
+    v: Sequence[Any]
+    cells: np.ndarray  # where this ubatch's tokens are written, (T,)
+    n_kv: int  # attention covers cells [0, n_kv)
+    positions: np.ndarray  # (T,) query positions
+    seq_ids: np.ndarray  # (T,) query sequences
+    cache: KVCache = attrs.field(repr=False)
+    path: str = "dense"
+    _built: dict[tuple[str, int], Any] = attrs.field(factory=dict, repr=False)
+
+    def mask_for(self, window: int = 0) -> np.ndarray:
+        """Dense (T, n_kv) bool mask, True where the query may attend."""
+        key = ("mask", window)
+        if key not in self._built:
+            self._built[key] = self.cache.mask(self.positions, self.seq_ids, self.n_kv, window)
+        return self._built[key]
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.mask_for(0)
+
+    def rows_for(self, window: int = 0) -> KVRows:
+        key = ("rows", window)
+        if key not in self._built:
+            self._built[key] = self.cache.rows(self.positions, self.seq_ids, self.n_kv, window)
+        return self._built[key]
+
+    def attend(self, backend: Any, il: int, q: Any, scale: float, window: int = 0) -> Any:
+        """Attention of ``q`` (T, Hq, D) over layer ``il``'s cache on this view's path."""
+        if self.path == "rows":
+            return backend.attention_rows(q, self.k[il], self.v[il], self.rows_for(window), scale)
+        return backend.attention(q, self.k[il], self.v[il], self.n_kv, self.mask_for(window), scale)
+
+
+class KVCache:
+    """Cells with position + sequence ids over per-layer K/V tensors allocated once."""
+
+    def __init__(
+        self,
+        backend: Any,
+        layout: Sequence[KVLayerLayout | None],
+        n_ctx: int,
+        n_seq_max: int = 1,
+        unified: bool = True,
+    ) -> None:
+        if not 1 <= n_seq_max <= MAX_SEQUENCES:
+            raise ValueError(f"n_seq_max must be between 1 and {MAX_SEQUENCES}, got {n_seq_max}")
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        #: True: any sequence may use any cell. False (llama.cpp's split streams): sequence
+        #: ``s`` writes only cells ``[s * n_ctx_seq, (s + 1) * n_ctx_seq)``.
+        self.unified = unified
+        self.n_ctx_seq = n_ctx if unified else n_ctx // n_seq_max
+        self.k = [
+            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_k)) for L in layout
+        ]
+        self.v = [
+            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_v)) for L in layout
+        ]
+        self.pos = np.full(n_ctx, -1, dtype=np.int32)
+        self.seqs = np.zeros(n_ctx, dtype=np.uint64)
+
+    # -- cells -----------------------------------------------------------------------
+
+    @property
+    def n_used(self) -> int:
+        return int(np.count_nonzero(self.seqs))
+
+    def n_kv(self) -> int:
+        """One past the highest used cell: attention never needs to look further."""
+        used = np.flatnonzero(self.seqs)
+        return int(used[-1]) + 1 if len(used) else 0
+
+    def find_slot(self, n_tokens: int, seq_ids: np.ndarray | None = None) -> np.ndarray:
+        """Cells for ``n_tokens`` new tokens: the first free run that fits, else any free cells.
+
+        A split (non-unified) cache places each sequence's tokens in its own stream, so it
+        needs ``seq_ids``.
+        """
+        if self.unified or seq_ids is None:
+            return self._free_cells(n_tokens, 0, self.n_ctx)
+        seq_ids = np.asarray(seq_ids)
+        cells = np.empty(len(seq_ids), dtype=np.int64)
+        for s in np.unique(seq_ids):  # per sequence, not per token
+            at = seq_ids == s
+            lo = int(s) * self.n_ctx_seq
+            cells[at] = self._free_cells(int(at.sum()), lo, lo + self.n_ctx_seq)
+        return cells
+
+    def _free_cells(self, n_tokens: int, lo: int, hi: int) -> np.ndarray:
+        free = self.seqs[lo:hi] == 0
+        if n_tokens <= 0:
+            return np.zeros(0, dtype=np.int64)
+        # A contiguous run keeps n_kv small and the writes sequential.
+        free_before = np.concatenate(([0], np.cumsum(free)))
+        starts = np.flatnonzero(free_before[n_tokens:] - free_before[:-n_tokens] == n_tokens)
+        if len(starts):
+            return np.arange(lo + starts[0], lo + starts[0] + n_tokens)
+        cells = np.flatnonzero(free)
+        if len(cells) < n_tokens:
+            raise ContextOverflowError(
+                f"the KV cache is full: {n_tokens} new tokens need cells but only {len(cells)} "
+                f"of {hi - lo} are free; raise the context size (-c) or end some sequences"
+            )
+        return lo + cells[:n_tokens]
+
+    def commit(self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray) -> None:
+        """Mark ``cells`` as holding tokens at ``positions`` of sequences ``seq_ids``."""
+        self.pos[cells] = positions
+        self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+
+    def release(self, cells: np.ndarray) -> None:
+        self.pos[cells] = -1
+        self.seqs[cells] = 0
+
+    def mask(
+        self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0
+    ) -> np.ndarray:
+        """Causal mask (T, n_kv): a query sees cells of its sequence at positions <= its own.
+
+        With ``window > 0`` (sliding window, n_swa) only cells with ``pos > p - window``.
+        """
+        bits = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))[:, None]
+        same_seq = (self.seqs[None, :n_kv] & bits) != 0
+        seen = same_seq & (self.pos[None, :n_kv] <= positions[:, None])
+        if window > 0:
+            seen &= self.pos[None, :n_kv] > positions[:, None] - window
+        return seen
+
+    def rows(
+        self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0
+    ) -> KVRows:
+        """Row lists (:class:`KVRows`): one slice per sequence, its cells in position order.
+
+        Vectorized over sequences and cells; a slice keeps only the cells some query of
+        it may see (positions up to its last query, inside the window of its first).
+        """
+        seq_ids = np.asarray(seq_ids, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int32)
+        slice_seqs, q_slice = np.unique(seq_ids, return_inverse=True)
+        q_order = np.argsort(q_slice, kind="stable")
+        q_counts = np.bincount(q_slice, minlength=len(slice_seqs))
+        q_rank = np.arange(len(seq_ids)) - np.repeat(np.cumsum(q_counts) - q_counts, q_counts)
+        q_rows = np.full((len(slice_seqs), q_counts.max()), -1, dtype=np.int64)
+        q_rows[q_slice[q_order], q_rank] = q_order
+        q_pos = np.where(q_rows >= 0, positions[q_rows], -1).astype(np.int32)
+        q_index = np.empty(len(seq_ids), dtype=np.int64)
+        q_index[q_order] = q_slice[q_order] * q_rows.shape[1] + q_rank
+
+        bits = np.left_shift(np.uint64(1), slice_seqs.astype(np.uint64))[:, None]
+        cell_pos = self.pos[None, :n_kv]
+        seen = ((self.seqs[None, :n_kv] & bits) != 0) & (cell_pos <= q_pos.max(1)[:, None])
+        if window > 0:
+            first = np.where(q_rows >= 0, q_pos, np.iinfo(np.int32).max).min(1)
+            seen &= cell_pos > (first - window)[:, None]
+        s_idx, cells = np.nonzero(seen)
+        order = np.lexsort((self.pos[cells], s_idx))  # causal order inside each slice
+        s_idx, cells = s_idx[order], cells[order]
+        counts = np.bincount(s_idx, minlength=len(slice_seqs))
+        rank = np.arange(len(cells)) - np.repeat(np.cumsum(counts) - counts, counts)
+        rows = np.full((len(slice_seqs), max(int(counts.max(initial=0)), 1)), -1, dtype=np.int64)
+        rows[s_idx, rank] = cells
+        pos = np.where(rows >= 0, self.pos[rows], -1).astype(np.int32)
+        return KVRows(q_rows, q_pos, rows, pos, q_index, window)
+
+    def view(
+        self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, path: str = "dense"
+    ) -> KVView:
+        return KVView(self.k, self.v, cells, self.n_kv(), positions, seq_ids, self, path)
+
+    # -- sequences (llama.cpp's seq_rm / seq_cp / seq_keep) --------------------------
+
+    def _range(self, p0: int, p1: int | None) -> np.ndarray:
+        hi = np.iinfo(np.int32).max if p1 is None or p1 < 0 else p1
+        return (self.pos >= max(p0, 0)) & (self.pos < hi)
+
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
+        """Remove positions [p0, p1) of ``seq_id`` (all sequences when seq_id < 0)."""
+        in_range = self._range(p0, p1)
+        if seq_id < 0:
+            self.seqs[in_range] = 0
+        else:
+            self.seqs[in_range] &= ~np.uint64(1 << seq_id)
+        self.pos[self.seqs == 0] = -1
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+        """Let ``dst`` see the cells of ``src`` in [p0, p1) without copying any tensor."""
+        sel = self._range(p0, p1) & ((self.seqs & np.uint64(1 << src)) != 0)
+        self.seqs[sel] |= np.uint64(1 << dst)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.seqs &= np.uint64(1 << seq_id)
+        self.pos[self.seqs == 0] = -1
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """Highest position of ``seq_id`` in the cache, -1 if it has none."""
+        sel = (self.seqs & np.uint64(1 << seq_id)) != 0
+        return int(self.pos[sel].max()) if sel.any() else -1
+
+    def clear(self) -> None:
+        self.pos[:] = -1
+        self.seqs[:] = 0

@@ -1,0 +1,233 @@
+"""Saving and restoring one sequence of a context: its KV cells, token history and RNG.
+
+A state file is ``magic | u32 format version | u32 header length | JSON header | payload |
+sha256`` where the checksum covers every byte before it. The payload holds the cells'
+positions (int32), the token history (int32), then per cache layer the K and V rows of
+those cells (float32, the backends' ``to_numpy`` form), layer by layer.
+
+The tensors move through the backend's batched transfers (``get_n`` / ``set_n``) when its
+probe says yes and ``TESSERA_BATCHED_COPY_DISABLE`` is unset, else through the per-tensor
+defaults of :class:`tessera.contract.backend.Backend`. Loading validates the whole file against the
+context before it touches the cache, so a refused file leaves the context as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import struct
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.contract.backend import Backend
+from tessera.errors import ContextOverflowError, TesseraError
+
+MAGIC = b"TSRSTATE"
+FORMAT_VERSION = 1
+#: Set (to anything but "" or "0") to move tensors one at a time, for comparison.
+BATCHED_COPY_DISABLE_ENV = "TESSERA_BATCHED_COPY_DISABLE"
+_PREFIX = struct.Struct("<8sII")  # magic, format version, header length
+_DIGEST = 32
+
+
+class StateFileError(TesseraError):
+    """A context state file cannot be loaded into this context."""
+
+
+def batched_transfers(backend: Backend, op: str) -> tuple[bool, str]:
+    """``(use the backend's batched op, why)``: its probe says yes and no switch is set."""
+    if os.environ.get(BATCHED_COPY_DISABLE_ENV, "") not in ("", "0"):
+        return False, f"{BATCHED_COPY_DISABLE_ENV} set"
+    if not backend.supports(op):
+        return False, f"backend {backend.name} does not support {op}"
+    return True, f"backend {backend.name} supports {op}"
+
+
+def get_n(backend: Backend, tensors: Sequence[Any], rows_list: Sequence[Any]) -> list[np.ndarray]:
+    """The backend's ``get_n`` or, when :func:`batched_transfers` says no, the per-tensor one."""
+    if batched_transfers(backend, "get_n")[0]:
+        return backend.get_n(tensors, rows_list)
+    return Backend.get_n(backend, tensors, rows_list)
+
+
+def set_n(backend: Backend, dsts: Sequence[Any], rows_list: Sequence[Any], srcs: Sequence) -> None:
+    """The backend's ``set_n`` or, when :func:`batched_transfers` says no, the per-tensor one."""
+    if batched_transfers(backend, "set_n")[0]:
+        backend.set_n(dsts, rows_list, srcs)
+    else:
+        Backend.set_n(backend, dsts, rows_list, srcs)
+
+
+@attrs.frozen
+class SavedState:
+    """What :func:`load_state` read: the token history and the sampler RNG state."""
+
+    tokens: list[int]
+    rng_state: dict | None
+
+
+def _layers(ctx: Any) -> list[tuple[Any, Any]]:
+    return [(k, v) for k, v in zip(ctx.kv.k, ctx.kv.v, strict=True) if k is not None]
+
+
+def _seq_cells(ctx: Any, seq_id: int) -> np.ndarray:
+    """The cells ``seq_id`` sees, in position order."""
+    cells = np.flatnonzero((ctx.kv.seqs & np.uint64(1 << seq_id)) != 0)
+    return cells[np.argsort(ctx.kv.pos[cells], kind="stable")]
+
+
+def save_state(
+    ctx: Any, path: str | os.PathLike[str], seq_id: int, tokens: Sequence[int], rng_state: Any
+) -> Path:
+    """Write sequence ``seq_id`` of ``ctx`` to ``path`` (a temp file renamed over it)."""
+    path = Path(path)
+    backend = ctx.model.backend
+    cells = _seq_cells(ctx, seq_id)
+    layers = _layers(ctx)
+    tensors = [t for kv in layers for t in kv]
+    arrays = get_n(backend, tensors, [cells] * len(tensors))
+    header = {
+        "model": ctx.model.identity,
+        "n_layer": len(layers),
+        "dtype": backend.dtype,
+        "n_cells": len(cells),
+        "n_tokens": len(tokens),
+        "shapes": [list(t.shape[1:]) for t in tensors],
+        "rng_state": rng_state,
+    }
+    head = json.dumps(header, sort_keys=True).encode()
+    h = hashlib.sha256()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            chunks = [
+                _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)),
+                head,
+                ctx.kv.pos[cells].astype("<i4"),
+                np.asarray(tokens, dtype="<i4"),
+                *(np.ascontiguousarray(a, dtype="<f4") for a in arrays),
+            ]
+            for chunk in chunks:
+                data = memoryview(chunk).cast("B")
+                h.update(data)
+                f.write(data)
+            f.write(h.digest())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Read and check the whole file against ``ctx``; raise StateFileError on any mismatch."""
+    try:
+        data = bytearray(path.read_bytes())  # writable: torch can wrap it without a copy
+    except OSError as exc:
+        raise StateFileError(f"cannot read state file '{path}' ({exc.strerror})") from exc
+    if len(data) < _PREFIX.size + _DIGEST or bytes(data[:8]) != MAGIC:
+        raise StateFileError(f"'{path}' is not a tessera context state file")
+    _, version, n_head = _PREFIX.unpack_from(data)
+    if version > FORMAT_VERSION:
+        raise StateFileError(
+            f"'{path}' has state format version {version}, newer than this tessera's "
+            f"{FORMAT_VERSION}; upgrade tessera or delete the file"
+        )
+    body = memoryview(data)[: len(data) - _DIGEST]
+    if hashlib.sha256(body).digest() != bytes(data[-_DIGEST:]):
+        raise StateFileError(f"'{path}' is corrupt or truncated (checksum mismatch); delete it")
+    try:
+        header = json.loads(bytes(body[_PREFIX.size : _PREFIX.size + n_head]))
+        n_cells, n_tokens = int(header["n_cells"]), int(header["n_tokens"])
+        shapes = [tuple(s) for s in header["shapes"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StateFileError(f"'{path}' has a damaged header; delete it") from exc
+    model = ctx.model
+    if header.get("model") != model.identity:
+        raise StateFileError(f"'{path}' was saved with a different model than '{model.path}'")
+    layers = _layers(ctx)
+    want = [tuple(t.shape[1:]) for kv in layers for t in kv]
+    if header.get("n_layer") != len(layers) or shapes != want:
+        raise StateFileError(f"'{path}' has a KV cache layout that does not match this model")
+    if header.get("dtype") != model.backend.dtype:
+        raise StateFileError(
+            f"'{path}' was saved with KV cache dtype {header.get('dtype')}, this context uses "
+            f"{model.backend.dtype}; load it with --dtype {header.get('dtype')}"
+        )
+    sizes = [n_cells, n_tokens] + [n_cells * int(np.prod(s)) for s in shapes]
+    offset = _PREFIX.size + n_head
+    if offset + 4 * sum(sizes) != len(body):
+        raise StateFileError(f"'{path}' has a payload of the wrong size; delete it")
+    parts = []
+    for size in sizes:
+        parts.append(
+            np.frombuffer(data, dtype="<i4" if len(parts) < 2 else "<f4", count=size, offset=offset)
+        )
+        offset += 4 * size
+    positions, tokens = parts[0], parts[1]
+    arrays = [a.reshape((n_cells, *s)) for a, s in zip(parts[2:], shapes, strict=True)]
+    if n_cells and (positions.min() < 0 or positions.max() >= ctx.n_ctx):
+        raise StateFileError(f"'{path}' holds positions beyond this context's {ctx.n_ctx} tokens")
+    if n_tokens and (tokens.min() < 0 or tokens.max() >= model.n_vocab):
+        raise StateFileError(f"'{path}' holds token ids outside this model's vocabulary")
+    return header, positions, tokens, arrays
+
+
+def load_state(
+    ctx: Any, path: str | os.PathLike[str], seq_id: int, sampler: Any = None
+) -> SavedState:
+    """Replace sequence ``seq_id`` of ``ctx`` with the one saved in ``path``, and restore
+    ``sampler``'s RNG from it.
+
+    Everything is checked before the cache changes: on any error the context is unchanged.
+    """
+    path = Path(path)
+    if not 0 <= seq_id < ctx.params.n_seq_max:
+        raise TesseraError(f"sequence id {seq_id} is not in [0, {ctx.params.n_seq_max})")
+    header, positions, tokens, arrays = _read(ctx, path)
+    rng_state = header.get("rng_state")
+    if sampler is not None and rng_state is not None:
+        _check_rng_state(path, sampler, rng_state)
+    kv = ctx.kv
+    n_cells = len(positions)
+    old_pos, old_seqs = kv.pos.copy(), kv.seqs.copy()
+    kv.seq_rm(seq_id)  # its old cells are free for the restored ones
+    try:
+        cells = kv.find_slot(n_cells, np.full(n_cells, seq_id))
+    except ContextOverflowError as exc:
+        kv.pos[:], kv.seqs[:] = old_pos, old_seqs
+        raise StateFileError(
+            f"'{path}' holds {n_cells} cells but the context has fewer free; raise -c"
+        ) from exc
+    tensors = [t for pair in _layers(ctx) for t in pair]
+    try:
+        set_n(ctx.model.backend, tensors, [cells] * len(tensors), arrays)
+    except BaseException:
+        kv.pos[:], kv.seqs[:] = old_pos, old_seqs
+        raise
+    kv.commit(cells, positions, np.full(n_cells, seq_id))
+    if sampler is not None and rng_state is not None:
+        sampler.rng.bit_generator.state = rng_state
+    return SavedState([int(t) for t in tokens], rng_state)
+
+
+def _check_rng_state(path: Path, sampler: Any, rng_state: Any) -> None:
+    """Refuse an RNG state the sampler's generator cannot take, before the cache changes."""
+    trial = copy.deepcopy(sampler.rng.bit_generator)
+    try:
+        trial.state = rng_state
+    except (TypeError, ValueError, KeyError) as exc:
+        raise StateFileError(
+            f"'{path}' holds a sampler RNG state this sampler cannot restore ({exc}); "
+            "save the state again with this version of tessera"
+        ) from exc

@@ -1,0 +1,196 @@
+"""The three vocabulary models llama.cpp knows, rebuilt with the Hugging Face ``tokenizers``
+library: byte-level BPE (``gpt2``), SentencePiece-style BPE over scores (``llama``) and WordPiece
+(``bert``), with the per-model text rules around them (GPT-2's byte table, WPM word splitting).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tessera.text.pre import PreTokenizer
+from tessera.text.vocab import SPACE_MARKER, TokenizerError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
+
+
+def byte_level_bpe(
+    ids: Mapping[str, int], merges: Sequence[str] | None, pre: PreTokenizer
+) -> HFTokenizer:
+    """GPT-2 style BPE over byte-level characters, pre-split by llama.cpp's regexes."""
+    from tokenizers import Regex, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    bpe = models.BPE(dict(ids), _parse_merges(merges, ids), ignore_merges=pre.ignore_merges)
+    hf = HFTokenizer(bpe)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    return hf
+
+
+def spm_bpe(
+    tokens: Sequence[str], ids: Mapping[str, int], scores: Sequence[float], unk_id: int | None
+) -> HFTokenizer:
+    """BPE that merges like llama.cpp's SPM tokenizer, falling back to byte tokens."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    unk = tokens[unk_id] if unk_id is not None else None
+    merges = _spm_merges(tokens, scores, ids)
+    return HFTokenizer(models.BPE(dict(ids), merges, unk_token=unk, byte_fallback=True))
+
+
+def wordpiece(ids: Mapping[str, int], unk_id: int | None) -> HFTokenizer:
+    """WordPiece over a llama.cpp WPM vocabulary (run it on :func:`wpm_words` output)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models
+
+    # llama.cpp's vocab marks word starts with ▁; WordPiece marks the rest with ##
+    vocab = {(t[1:] if t.startswith(SPACE_MARKER) else "##" + t): i for t, i in ids.items()}
+    unk_id = unk_id if unk_id is not None else 0
+    unk = next(k for k, v in vocab.items() if v == unk_id)
+    return HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 30))
+
+
+def _parse_merges(merges: Sequence[str] | None, ids: Mapping[str, int]) -> list[tuple[str, str]]:
+    if not merges:
+        raise TokenizerError(
+            "the byte-level BPE vocabulary has no tokenizer.ggml.merges; convert the model again"
+        )
+    pairs = []
+    for merge in merges:
+        cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first char
+        if cut < 0:
+            continue
+        left, right = merge[:cut], merge[cut + 1 :]
+        # HF's BPE needs every part and product in the vocabulary; llama.cpp would fall back
+        # to bytes for a product that is not, which no real vocabulary relies on.
+        if left in ids and right in ids and left + right in ids:
+            pairs.append((left, right))
+    return pairs
+
+
+def _spm_merges(
+    tokens: Sequence[str], scores: Sequence[float], ids: Mapping[str, int]
+) -> list[tuple[str, str]]:
+    """Merges that make HF's BPE behave like llama.cpp's SPM tokenizer.
+
+    llama.cpp repeatedly merges the adjacent pair whose concatenation is the vocabulary token
+    with the highest score. Every split of every token into two vocabulary tokens is such a
+    pair; ranking them by the merged token's score gives BPE the same choice at each step.
+    """
+    ranked = []
+    for tid, text in enumerate(tokens):
+        if ids.get(text) != tid:
+            continue
+        for k in range(1, len(text)):
+            left, right = text[:k], text[k:]
+            if left in ids and right in ids:
+                ranked.append((-scores[tid], tid, k, left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+# -- byte-level BPE's byte <-> printable character table (GPT-2) ----------------------------
+
+
+def _byte_to_char() -> dict[int, str]:
+    """GPT-2's reversible map of the 256 byte values onto printable unicode characters."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+CHAR_TO_BYTE = {c: b for b, c in _byte_to_char().items()}
+
+# -- BERT (WPM) normalization, as llama.cpp's WPM preprocess does it --------------------------
+
+_WHITESPACE = frozenset(
+    map(
+        chr,
+        [
+            *range(0x09, 0x0E),
+            0x20,
+            0x85,
+            0xA0,
+            0x1680,
+            *range(0x2000, 0x200B),
+            0x2028,
+            0x2029,
+            0x202F,
+            0x205F,
+            0x3000,
+        ],
+    )
+)
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B920, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+def _is_cjk(cp: int) -> bool:
+    # most text is below the first CJK block: skip the range scan for it
+    return cp >= 0x3400 and any(lo <= cp <= hi for lo, hi in _CJK_RANGES)
+
+
+#: ASCII control characters that are not whitespace: dropped without splitting a word.
+_ASCII_CONTROLS = dict.fromkeys([*range(0x00, 0x09), *range(0x0E, 0x20), 0x7F])
+#: On ASCII text (after dropping controls) a word is a run of letters and digits, and every
+#: other non-whitespace character (all punctuation or symbols) stands alone.
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9\t\n\x0b\x0c\r ]")
+
+
+def wpm_words(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
+    """Split text into words the way llama.cpp's WordPiece tokenizer does before matching."""
+    if text.isascii():  # most input: one regex pass instead of a Python loop per character
+        text = text.translate(_ASCII_CONTROLS)
+        return _ASCII_WORD.findall(text.lower() if lowercase else text)
+    return wpm_words_general(text, lowercase, strip_accents)
+
+
+def wpm_words_general(text: str, lowercase: bool = True, strip_accents: bool = True) -> list[str]:
+    """:func:`wpm_words` for any text, one character at a time."""
+    if strip_accents:
+        text = unicodedata.normalize("NFD", text)
+    words: list[str] = []
+    word: list[str] = []
+    for ch in text:
+        if ch in _WHITESPACE:
+            if word:
+                words.append("".join(word))
+                word = []
+            continue
+        cat = unicodedata.category(ch)
+        if ch in ("\0", "\ufffd") or cat[0] == "C" or (strip_accents and cat[0] == "M"):
+            continue
+        if lowercase:
+            low = ch.lower()
+            ch = low if len(low) == 1 else low[0]  # llama.cpp maps one code point to one
+        cp = ord(ch)
+        if cat[0] == "P" or (cp < 0x7F and cat[0] == "S") or _is_cjk(cp):
+            if word:
+                words.append("".join(word))
+                word = []
+            words.append(ch)
+        else:
+            word.append(ch)
+    if word:
+        words.append("".join(word))
+    return words

@@ -1,0 +1,1 @@
+"""BERT-style encoders for embeddings and reranking."""

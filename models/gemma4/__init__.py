@@ -1,0 +1,1 @@
+"""Gemma 4 (E-series: KV-shared layers, per-layer embeddings, prefill pruning)."""

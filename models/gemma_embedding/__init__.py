@@ -1,0 +1,1 @@
+"""EmbeddingGemma: a Gemma-3-style bidirectional encoder for embeddings."""

@@ -1,0 +1,293 @@
+"""Mixture-of-experts architectures: ``qwen3moe``, ``qwen2moe`` and Mixtral (GGUF and HF).
+
+The attention half of each layer is the llama family's (Qwen3's QK-norm, Qwen2's Q/K/V
+biases), reused from :mod:`tessera.models.llama.arch`. The FFN half is routed: a router
+(``ffn_gate_inp``) scores the experts per token, softmax, the top ``expert_used_count``
+are kept (renormalized to sum to one for qwen3moe, as llama.cpp does and as HF does with
+``norm_topk_prob``), and the chosen experts' SwiGLU FFNs, stored stacked in
+``ffn_{gate,up,down}_exps``, are summed with those weights. ``qwen2moe`` adds a shared
+expert (``ffn_*_shexp``) that every token runs, scaled by ``sigmoid(ffn_gate_inp_shexp)``.
+
+Mixtral is Llama with routed experts (renormalized top-k). llama.cpp writes it as
+``general.architecture = llama`` with ``llama.expert_count``, so the llama plugin reads its
+GGUF files and hands them to this code (``Architecture.variant``); its HF ``model_type`` is
+``mixtral``.
+
+The experts reach the graph through :class:`tessera.contract.experts.ModelExperts` (resident,
+offloaded, cached); only the experts a ubatch selected are computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.contract.arch import check_tensors, metadata_key
+from tessera.contract.experts import (
+    ExpertLayout,
+    ExpertTensors,
+    ModelExperts,
+    StackedExperts,
+    moe_ffn_enabled,
+    moe_ffn_fallback,
+    route_top_k,
+)
+from tessera.errors import ModelFileError
+from tessera.hookspecs import hookimpl
+from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig, LlamaGraph
+from tessera.models.llama.moe_hf import HF_SHARED_NAMES, Subset, qwen_moe_name, stacked_experts
+
+TESSERA_PLUGIN_API = 1
+
+#: MoE arch -> the dense llama-family arch whose attention it uses (Mixtral: ``llama``).
+BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "llama": "llama"}
+#: HF ``model_type`` -> GGUF arch name.
+HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+#: Whether llama.cpp renormalizes the top-k weights for the arch (files may say otherwise).
+NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "llama": True}
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+@attrs.frozen(kw_only=True)
+class MoEConfig(LlamaConfig):
+    """A llama-family attention config (every :class:`LlamaConfig` field) plus experts."""
+
+    arch: str = attrs.field(validator=attrs.validators.in_(tuple(BASE_ARCH)))
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    #: Rescale the chosen experts' weights to sum to one (HF ``norm_topk_prob``).
+    norm_topk_prob: bool = True
+    #: Hidden size of the shared expert (qwen2moe); 0 = none.
+    n_ff_shexp: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        if not 0 < self.n_expert_used <= self.n_expert:
+            raise ModelFileError(
+                f"expert_used_count ({self.n_expert_used}) must be between 1 and expert_count "
+                f"({self.n_expert}); the model file is inconsistent — convert it again"
+            )
+
+    @classmethod
+    def from_base(cls, arch: str, base: LlamaConfig, **moe: Any) -> MoEConfig:
+        return cls(**(attrs.asdict(base, recurse=False) | {"arch": arch} | moe))
+
+
+class MoEArchitecture(LlamaArchitecture):
+    names = ("qwen3moe", "qwen2moe")  # GGUF "llama" (Mixtral) comes through the llama plugin
+    hf_model_types = tuple(HF_TYPES)
+
+    def variant(self, config: MoEConfig) -> MoEArchitecture:
+        return MixtralArchitecture() if config.arch == "llama" else self
+
+    def config_from_gguf(
+        self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
+    ) -> MoEConfig:
+        arch = metadata["general.architecture"]
+        base, prefix = BASE_ARCH[arch], f"{arch}."
+
+        def key(name: str, default: Any = None) -> Any:
+            return metadata_key(metadata, arch, name, default)
+
+        # Mixtral's experts have the llama FFN size (llama.cpp writes no expert length).
+        dense_ff = metadata.get(f"{arch}.feed_forward_length") if arch == "llama" else None
+        n_ff_exp = int(key("expert_feed_forward_length", dense_ff))
+        # The dense half reads the same keys under the base arch's prefix (expert keys left
+        # out: the llama plugin would hand a file with experts back to this one).
+        renamed = {
+            (base + k[len(arch) :] if k.startswith(prefix) else k): v
+            for k, v in metadata.items()
+            if not k.startswith(f"{arch}.expert_")
+        }
+        renamed["general.architecture"] = base
+        renamed.setdefault(f"{base}.feed_forward_length", n_ff_exp)
+        return MoEConfig.from_base(
+            arch,
+            super().config_from_gguf(renamed, tensor_shapes),
+            n_expert=int(key("expert_count")),
+            n_expert_used=int(key("expert_used_count")),
+            n_ff_exp=n_ff_exp,
+            # llama.cpp renormalizes for qwen3moe and Mixtral, not qwen2moe; a file may say.
+            norm_topk_prob=bool(key("expert_weights_norm", NORM_TOPK[arch])),
+            n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)),
+        )
+
+    def config_from_hf(self, hf: Mapping[str, Any]) -> MoEConfig:
+        arch = HF_TYPES[hf["model_type"]]
+        step = int(hf.get("decoder_sparse_step", 1))
+        dense = list(hf.get("mlp_only_layers") or [])
+        if step != 1 or dense:
+            raise ModelFileError(
+                f"this {hf['model_type']} checkpoint has dense FFN layers (decoder_sparse_step="
+                f"{step}, mlp_only_layers={dense}); the {arch} plugin, like llama.cpp, needs "
+                "every layer to be a mixture of experts"
+            )
+        base = super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]})
+        # Mixtral's experts are intermediate_size wide; it always renormalizes the top-k.
+        n_ff_exp = int(hf.get("moe_intermediate_size") or hf["intermediate_size"])
+        return MoEConfig.from_base(
+            arch,
+            base,
+            # transformers 5 writes num_local_experts, Qwen's checkpoints num_experts
+            n_expert=int(hf.get("num_experts") or hf["num_local_experts"]),
+            n_expert_used=int(hf["num_experts_per_tok"]),
+            n_ff_exp=n_ff_exp,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", arch == "llama")),
+            n_ff_shexp=int(hf.get("shared_expert_intermediate_size") or 0),
+        )
+
+    def gguf_metadata(self, c: MoEConfig) -> dict[str, Any]:
+        a = c.arch
+        meta = super().gguf_metadata(c) | {
+            f"{a}.expert_count": c.n_expert,
+            f"{a}.expert_used_count": c.n_expert_used,
+        }
+        if a != "llama":  # Mixtral's expert width is feed_forward_length, as llama.cpp has it
+            meta[f"{a}.expert_feed_forward_length"] = c.n_ff_exp
+        if c.norm_topk_prob != NORM_TOPK[a]:
+            # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
+            meta[f"{a}.expert_weights_norm"] = c.norm_topk_prob
+        if c.n_ff_shexp:
+            meta[f"{a}.expert_shared_feed_forward_length"] = c.n_ff_shexp
+        return meta
+
+    def tensor_shapes(self, c: MoEConfig) -> dict[str, tuple[int, ...]]:
+        shapes = {}
+        for name, shape in super().tensor_shapes(c).items():
+            if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")):
+                continue
+            shapes[name] = shape
+            if name.endswith("ffn_norm.weight"):
+                p = name[: -len("ffn_norm.weight")]
+                e, f, d = c.n_expert, c.n_ff_exp, c.n_embd
+                shapes[p + "ffn_gate_inp.weight"] = (e, d)
+                shapes[p + "ffn_gate_exps.weight"] = (e, f, d)
+                shapes[p + "ffn_up_exps.weight"] = (e, f, d)
+                shapes[p + "ffn_down_exps.weight"] = (e, d, f)
+                if c.n_ff_shexp:
+                    shapes[p + "ffn_gate_inp_shexp.weight"] = (d,)
+                    shapes[p + "ffn_gate_shexp.weight"] = (c.n_ff_shexp, d)
+                    shapes[p + "ffn_up_shexp.weight"] = (c.n_ff_shexp, d)
+                    shapes[p + "ffn_down_shexp.weight"] = (d, c.n_ff_shexp)
+        return shapes
+
+    def tensors_from_hf(
+        self, c: MoEConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
+    ) -> Iterator[tuple[str, Any]]:
+        dense, experts = {}, {}
+        for hf_name in hf_tensors:
+            layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
+            rest = qwen_moe_name(rest)
+            if not hf_name.startswith("model.layers.") or not rest.startswith("mlp."):
+                dense[hf_name] = hf_name
+            elif rest in HF_SHARED_NAMES:
+                value = np.asarray(hf_tensors[hf_name])
+                if rest == "mlp.shared_expert_gate.weight":
+                    value = value.reshape(-1)  # (1, n_embd) in HF, a vector in GGUF
+                yield f"blk.{layer}.{HF_SHARED_NAMES[rest]}", value
+            else:
+                experts.setdefault(int(layer), {})[rest] = hf_name
+        yield from super().tensors_from_hf(c, Subset(hf_tensors, dense), for_gguf)
+        for layer, names in sorted(experts.items()):
+            yield from stacked_experts(c, layer, names, hf_tensors)
+
+    def example_config(self, **overrides: Any) -> MoEConfig:
+        arch = overrides.pop("arch", "qwen3moe")
+        moe = {
+            "n_expert": overrides.pop("n_expert", 8),
+            "n_expert_used": overrides.pop("n_expert_used", 2),
+            "n_ff_exp": overrides.pop("n_ff_exp", 32),
+            "norm_topk_prob": overrides.pop("norm_topk_prob", NORM_TOPK[arch]),
+            "n_ff_shexp": overrides.pop("n_ff_shexp", 48 if arch == "qwen2moe" else 0),
+        }
+        if arch == "llama":  # Mixtral: the experts are the llama FFN's width
+            overrides["n_ff"] = moe["n_ff_exp"]
+        base = super().example_config(arch=BASE_ARCH[arch], **overrides)
+        return MoEConfig.from_base(arch, base, **moe)
+
+    def required_ops(self, c: MoEConfig) -> list[tuple[str, dict[str, Any]]]:
+        return [*super().required_ops(c), ("mul", {})]
+
+    def expert_layout(self, c: MoEConfig) -> ExpertLayout:
+        return ExpertLayout(
+            c.n_expert,
+            c.n_expert_used,
+            tuple(
+                ExpertTensors(il, *(f"blk.{il}.{n}.weight" for n in _EXPERTS))
+                for il in range(c.n_layer)
+            ),
+        )
+
+    def build(
+        self,
+        c: MoEConfig,
+        weights: Mapping[str, Any],
+        backend: Any,
+        experts: ModelExperts | None = None,
+    ) -> MoEGraph:
+        """``experts`` comes from the loader; without it the stacked tensors in ``weights``
+        are used as they are (every expert resident)."""
+        stacked = {n for t in self.expert_layout(c).layers for n in t.names}
+        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
+        check_tensors(c.arch, wanted, weights)
+        if experts is None:
+            experts = ModelExperts(
+                {
+                    t.layer: StackedExperts(*(weights[n] for n in t.names))
+                    for t in self.expert_layout(c).layers
+                }
+            )
+        return MoEGraph(c, weights, backend, experts)
+
+
+class MixtralArchitecture(MoEArchitecture):
+    """What runs a Mixtral model: the MoE code under the name llama.cpp gives it. Reached
+    through ``variant`` (the GGUF name ``llama`` belongs to the llama plugin), never
+    registered itself."""
+
+    names = ("llama",)
+    hf_model_types = ("mixtral",)
+
+    def variant(self, config: MoEConfig) -> MoEArchitecture:
+        return self
+
+
+class MoEGraph(LlamaGraph):
+    """A llama-family graph whose FFN is routed experts (plus a shared expert)."""
+
+    def __init__(
+        self, config: MoEConfig, weights: Mapping[str, Any], backend: Any, experts: ModelExperts
+    ) -> None:
+        super().__init__(config, weights, backend)
+        self.experts = experts
+        self.use_op, why = moe_ffn_enabled(
+            backend, n_expert=config.n_expert, n_expert_used=config.n_expert_used
+        )
+        backend.record("moe_ffn", "moe_ffn" if self.use_op else "core-op fallback", why)
+
+    def _ffn(self, il: int, h: Any) -> Any:
+        b, c, p = self.b, self.c, f"blk.{il}."
+        logits = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp.weight"]))
+        ids, weights = route_top_k(logits, c.n_expert_used, c.norm_topk_prob)
+        experts = self.experts.layer(il)
+        if self.use_op:
+            out = b.moe_ffn(h, ids, weights, experts)
+        else:
+            out = moe_ffn_fallback(b, h, ids, weights, experts)
+        if not c.n_ff_shexp:
+            return out
+        gate = b.matmul(h, self.w[p + "ffn_gate_shexp.weight"])
+        up = b.matmul(h, self.w[p + "ffn_up_shexp.weight"])
+        shared = b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down_shexp.weight"])
+        score = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp_shexp.weight"])).reshape(-1, 1)
+        sigmoid = (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
+        return b.add(out, b.mul(shared, b.from_numpy(sigmoid)))
+
+
+@hookimpl
+def tessera_register_architectures(register):
+    register(MoEArchitecture())

@@ -1,0 +1,1 @@
+"""Chat parts: reasoning and tool calls parsed out of streamed text, stop strings."""

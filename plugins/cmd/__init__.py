@@ -1,0 +1,1 @@
+"""The built-in CLI commands: run, tokenize, convert, quantize, embed, rerank, bench, batched-bench."""

@@ -1,0 +1,198 @@
+"""``tessera run``: generate text from a prompt (like llama.cpp's llama-cli / llama-simple)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tessera.cli.args import (
+    add_model_arguments,
+    add_sampling_arguments,
+    context_from_args,
+    context_params_from_args,
+    load_model_from_args,
+    sampler_params_from_args,
+)
+from tessera.contract.commands import Command
+from tessera.errors import TesseraError
+from tessera.hookspecs import hookimpl
+from tessera.plugins.spec.cli import (
+    add_spec_arguments,
+    default_target,
+    spec_params_from_args,
+    spec_summary,
+    spec_type_from_args,
+)
+from tessera.plugins.tensor_parallel.launch import add_tp_arguments, tp_requested
+
+TESSERA_PLUGIN_API = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-p", "--prompt", default=None, help="prompt text")
+    parser.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    parser.add_argument(
+        "-n", "--n-predict", type=int, default=128, help="tokens to generate (-1 = until end)"
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
+    parser.add_argument(
+        "-sys", "--system-prompt", default=None, help="system message (with --chat)"
+    )
+    parser.add_argument(
+        "--display-prompt", action="store_true", help="print the prompt before the output"
+    )
+    parser.add_argument("--no-timings", action="store_true", help="do not print tokens/s to stderr")
+    parser.add_argument(
+        "--prompt-cache",
+        default=None,
+        metavar="FILE",
+        help="restore the evaluated prompt prefix from FILE and save the prompt's state to it",
+    )
+    parser.add_argument(
+        "--prompt-cache-ro", action="store_true", help="use --prompt-cache but never write it"
+    )
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+    add_tp_arguments(parser)
+    add_spec_arguments(parser)
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.file:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise TesseraError(f"cannot read prompt file '{args.file}' ({exc.strerror})") from exc
+    if args.prompt is None:
+        raise TesseraError("no prompt given; pass -p TEXT or -f FILE")
+    return args.prompt
+
+
+def _restore_prompt_cache(path: str | None, ctx: Any, prompt: list[int]) -> int:
+    """Load ``path`` into sequence 0 if it exists; return how many prompt tokens it covers.
+
+    The longest common prefix of the saved tokens and ``prompt`` is kept, at most all but
+    the last prompt token (its logits are needed to sample).
+    """
+    if not path or not Path(path).exists():
+        return 0
+    saved = ctx.load_state(path, 0)
+    n_past = 0
+    for a, b in zip(saved, prompt[:-1], strict=False):
+        if a != b:
+            break
+        n_past += 1
+    print(
+        f"prompt cache: reusing {n_past} of {len(prompt)} prompt tokens from '{path}'",
+        file=sys.stderr,
+    )
+    return n_past
+
+
+def run(args: argparse.Namespace, runtime: Any) -> int:
+    if not tp_requested(args):
+        return _run(args, runtime, None)
+    from tessera.plugins.tensor_parallel.launch import start
+
+    if args.tp_rank not in (None, 0):
+        return start(args, runtime)  # a serving rank: rank 0 has the prompt
+    _prompt_text(args)  # a missing prompt is reported before any rank starts
+    if args.prompt_cache:
+        raise TesseraError("--prompt-cache does not work with --tp yet; drop one of them")
+    session = start(args, runtime)
+    ok = False
+    try:
+        code = _run(args, runtime, session)
+        ok = True
+        return code
+    finally:
+        session.close(ok)
+
+
+def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
+    from tessera.engine.generate import GenerationStats, generate
+    from tessera.engine.sampling import Sampler
+    from tessera.text.chat_template import DEFAULT_CHATML, ChatTemplate
+    from tessera.text.tokenizer import StreamDecoder
+
+    text = _prompt_text(args)
+    sampler = Sampler(sampler_params_from_args(args))
+    spec_type = spec_type_from_args(args)
+    if spec_type is not None:
+        runtime.spec_decoder(spec_type)  # an unknown type fails before the model loads
+        args.model = args.model or default_target(spec_type)
+    model = session.model if session else load_model_from_args(args, runtime)
+    tok = model.tokenizer
+    if tok is None:
+        raise TesseraError(f"'{model.path}' has no tokenizer; use a model file with a vocabulary")
+    if session is not None:
+        ctx = session.make_context(context_params_from_args(args, model))
+    else:
+        ctx = context_from_args(args, model)
+    parse_special = False
+    if args.chat:
+        messages = [{"role": "user", "content": text}]
+        if args.system_prompt:
+            messages.insert(0, {"role": "system", "content": args.system_prompt})
+        bos = tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else ""
+        template = ChatTemplate(tok.chat_template or DEFAULT_CHATML, bos, eos)
+        text, parse_special = template.render(messages, add_generation_prompt=True), True
+    prompt = tok.encode(text, add_special=True, parse_special=parse_special)
+    if args.display_prompt:
+        sys.stdout.write(text)
+    n_past = _restore_prompt_cache(args.prompt_cache, ctx, prompt)
+    on_prompt_done = None
+    if args.prompt_cache and not args.prompt_cache_ro:
+
+        def on_prompt_done() -> None:  # llama.cpp saves right after prompt processing
+            ctx.save_state(args.prompt_cache, 0, prompt)
+
+    stats = GenerationStats()
+    decoder = StreamDecoder(tok)
+    generation = generate
+    if spec_type is not None:
+        from tessera.engine.speculative import SpecStats, create_decoder, generate_speculative
+
+        spec_params = spec_params_from_args(args)
+        spec = create_decoder(runtime, spec_type, ctx, spec_params)
+        stats = SpecStats()
+
+        def generation(*a: Any, **kw: Any) -> Any:
+            return generate_speculative(*a[:4], spec, spec_params, **kw)
+
+    tokens = generation(
+        ctx,
+        prompt,
+        args.n_predict,
+        sampler,
+        eog_ids=tok.eog_ids,
+        stats=stats,
+        n_past=n_past,
+        on_prompt_done=on_prompt_done,
+    )
+    for token in tokens:
+        sys.stdout.write(decoder.feed(token))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.flush() + "\n")
+    if not args.no_timings:
+        print(
+            f"prompt: {stats.n_prompt} tokens, {stats.prompt_tps:.1f} t/s | "
+            f"generation: {stats.n_generated} tokens, {stats.generate_tps:.1f} t/s | "
+            f"backend {model.backend.name}/{model.backend.dtype}"
+            + (f" | {session.describe}" if session else ""),
+            file=sys.stderr,
+        )
+        if spec_type is not None:
+            print(spec_summary(spec_type, stats), file=sys.stderr)
+    return 0
+
+
+@hookimpl
+def tessera_register_commands(register):
+    register(Command("run", "generate text from a prompt", add_arguments, run))

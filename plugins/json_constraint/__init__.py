@@ -1,0 +1,1 @@
+"""JSON-constrained sampling: an incremental JSON validator and the allowed-token masks it gives."""

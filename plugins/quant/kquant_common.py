@@ -1,0 +1,164 @@
+"""Shared pieces of the K-quant plugins (Q4_K, Q6_K): float32 arithmetic as ggml does it,
+and a torch weight that keeps integer codes plus per-group scales.
+
+Not an entry point itself; :mod:`tessera.plugins.quant.q4_k` and
+:mod:`tessera.plugins.quant.q6_k` import it.
+
+Bit-exactness with llama.cpp's reference quantizers rests on three facts, checked against
+``llama-quantize`` output (tests/data/kquants):
+
+- every operation is a float32 operation, one rounding each (no fused multiply-add);
+- sums run strictly left to right, as the C loops do: :func:`seq_sum` uses
+  ``np.cumsum``, which accumulates sequentially (``np.sum`` sums pairwise and would not
+  match);
+- ggml's ``nearest_int`` (add 1.5 * 2**23, keep the low mantissa bits) is round half to
+  even, that is ``np.rint``, for every value the quantizers feed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+F32 = np.float32
+QK_K = 256
+#: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it counts as all zero.
+GROUP_MAX_EPS = F32(1e-15)
+
+
+def seq_sum(values: np.ndarray) -> np.ndarray:
+    """Float32 sum over the last axis, left to right, as a C ``for`` loop adds."""
+    return np.cumsum(values, axis=-1, dtype=F32)[..., -1]
+
+
+def nearest_int(values: np.ndarray) -> np.ndarray:
+    """ggml's ``nearest_int``: round half to even, as float32."""
+    return np.rint(values).astype(F32)
+
+
+def first_argmax(values: np.ndarray) -> np.ndarray:
+    """Index of the first maximum along the last axis (C's ``if (v > best)`` scan)."""
+    return np.argmax(values, axis=-1)
+
+
+def fp16_bytes(values: np.ndarray) -> np.ndarray:
+    """float32 values rounded to IEEE half (nearest even, as GGML_FP32_TO_FP16), as bytes."""
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(values, dtype=F32).astype("<f2").reshape(-1, 1).view(np.uint8)
+
+
+class TorchGroupedWeight:
+    """A K-quant weight on a torch backend: integer codes plus per-group scale and offset.
+
+    ``value = code * scale - offset`` per group of ``codes.shape[-1]`` inputs. Codes stay
+    in ``int8`` / ``uint8`` (one byte per weight instead of two for bf16); each matmul
+    dequantizes to the compute dtype. Implements the torch backend's quantized-weight
+    interface: ``shape``, ``matmul(x)`` and ``get_rows(ids)``.
+    """
+
+    def __init__(self, codes: Any, scales: Any, offsets: Any | None, dtype: Any) -> None:
+        self.codes = codes  # (n_out, n_groups, group)
+        self.scales = scales  # (n_out, n_groups, 1), compute dtype
+        self.offsets = offsets  # same shape, or None
+        self.dtype = dtype
+        n_out, n_groups, group = codes.shape
+        self.shape = (n_out, n_groups * group)
+
+    def _dense(self, codes: Any, scales: Any, offsets: Any | None) -> Any:
+        values = codes.to(self.dtype) * scales
+        if offsets is not None:
+            values = values - offsets
+        return values.flatten(-2)
+
+    def matmul(self, x: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.linear(x, self._dense(self.codes, self.scales, self.offsets).to(x.dtype))
+
+    def get_rows(self, ids: np.ndarray) -> Any:
+        import torch
+
+        index = torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.codes.device)
+        offsets = None if self.offsets is None else self.offsets[index]
+        return self._dense(self.codes[index], self.scales[index], offsets)
+
+
+def torch_grouped_weight(
+    backend: Any, codes: np.ndarray, scales: np.ndarray, offsets: np.ndarray | None
+) -> TorchGroupedWeight:
+    """Move numpy codes ``(n_out, n_groups, group)`` and float32 scales/offsets to the device."""
+    import torch
+
+    device, dtype = backend.torch_device, backend.torch_dtype
+
+    def put(a: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=F32)).to(device=device, dtype=dtype)
+
+    return TorchGroupedWeight(
+        torch.from_numpy(np.ascontiguousarray(codes)).to(device),
+        put(scales),
+        None if offsets is None else put(offsets),
+        dtype,
+    )
+
+
+def torch_grouped_kernel(qtype: Any, load: Any, description: str) -> Any:
+    """The torch :class:`~tessera.contract.quant.WeightKernel` of a K-quant type, with its probe.
+
+    The probe declines on the CPU: there a weight dequantized once to the compute dtype
+    (the backend's fallback) multiplies ~6x faster than dequantizing per matmul, for 1 row
+    and for 128 (bench/quant_types.py), at twice the memory. Elsewhere it runs one tiny
+    matmul against numpy's dequantize, cached per backend.
+    """
+    from tessera.contract.quant import WeightKernel, kernel_matches_reference
+
+    def supports(backend: Any) -> bool:
+        if getattr(backend, "name", "") != "torch" or backend.torch_device.type == "cpu":
+            return False
+        cache = backend.probe_cache
+        if qtype.name not in cache:
+            cache[qtype.name] = kernel_matches_reference(backend, qtype, load)
+        return cache[qtype.name]
+
+    return WeightKernel("torch", qtype.name, supports, load, description)
+
+
+class TorchInt4DenseWeight:
+    """A 4-bit K-quant weight on the CPU kept twice: torch's int4 groupwise layout for
+    decode (fewer than ``dense_min_rows`` rows: ~0.6 bytes read per weight) and the weight
+    dequantized once to the compute dtype for prefill (the AMX/AVX512 matmul beats both the
+    int4 kernel and per-matmul dequantization there) and ``get_rows``: 2.6 bytes per
+    weight in memory instead of 2, for ~3x less memory traffic per decoded token."""
+
+    def __init__(self, dense: Any, int4: tuple[Any, Any, Any], dense_min_rows: float) -> None:
+        self.dense = dense
+        self.mm, self.packed, self.scales_and_zeros = int4
+        self.dense_min_rows = dense_min_rows
+        self.shape = tuple(dense.shape)
+
+    def matmul(self, x: Any) -> Any:
+        import torch.nn.functional as F
+
+        if x.shape[0] >= self.dense_min_rows:
+            return F.linear(x, self.dense)
+        y = self.mm(x, self.packed, 32, self.scales_and_zeros)
+        return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
+
+    def get_rows(self, ids: np.ndarray) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        return F.embedding(torch.from_numpy(np.asarray(ids, dtype=np.int64)), self.dense)
+
+
+def int4_decode_rows(backend: Any, env: str) -> float:
+    """Rows from which a 4-bit K-quant matmul dequantizes instead of using torch's int4
+    kernel; 0 where that kernel is not used: float32 on the CPU (there it is ~30x slower
+    than a dequantized matmul) or ``env`` set to 0. ``env`` may give another row count."""
+    import os
+
+    value = os.environ.get(env, "").strip()
+    if value:
+        return float(value)
+    return 0.0 if backend.dtype == "f32" else 16.0

@@ -1,0 +1,209 @@
+"""Q4_K: super-blocks of 256 4-bit codes in 8 groups of 32, bit-exact with llama.cpp.
+
+Block layout (144 bytes): ``d`` and ``dmin`` (float16), 12 bytes of 6-bit group scales
+``sc`` and mins ``m`` (groups 0-3 in the low 6 bits of bytes 0-3 / 4-7; groups 4-7 split
+into a low nibble in bytes 8-11 and two high bits in the top of bytes 0-3 / 4-7), then 128
+bytes of codes: for each 64 values, byte ``l`` holds value ``l`` (low nibble) and
+``l + 32`` (high nibble). value = ``d * sc * q - dmin * m``.
+
+The quantizer is llama.cpp's reference one without an importance matrix: each group of 32
+is fitted by ggml's ``make_qkx2_quants`` (weights ``rms(x) + |x|``; 21 trial scales
+``(14 + 0.1 * k) / (max - min)``, each refitted by weighted least squares for scale and
+min, keeping the one with the smallest weighted squared error); the group scales and
+mins are then quantized to 6 bits against the largest of each. Vectorized over all groups;
+only the 21 trials are a Python loop. A trial's range ``max - min`` uses the best min found
+so far, as the C code does.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from math import inf
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from tessera.contract.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.hookspecs import hookimpl
+from tessera.plugins.quant.kquant_common import (
+    F32,
+    QK_K,
+    TorchInt4DenseWeight,
+    fp16_bytes,
+    int4_decode_rows,
+    nearest_int,
+    seq_sum,
+    torch_grouped_weight,
+)
+from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
+
+TESSERA_PLUGIN_API = 1
+
+TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
+GROUP = 32
+NMAX = 15
+N_GROUPS = QK_K // GROUP
+#: ``0`` turns the CPU int4 decode path off (the weight is then only dequantized once at
+#: load); another value is the row count from which matmuls use that dense copy (default 16).
+INT4_ENV = "TESSERA_Q4_K_INT4_ROWS"
+
+
+def make_qkx2_quants(
+    x: np.ndarray, w: np.ndarray, rmin: float = -1.0, rdelta: float = 0.1, nstep: int = 20
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ggml's ``make_qkx2_quants(32, 15, ...)`` (squared error) for each row of ``x``.
+
+    Returns the scales ``(n,)``, the mins ``(n,)`` (as ``-min``, so >= 0) and the codes
+    ``(n, 32)`` 0..15, all float32.
+    """
+    lo = np.minimum(x.min(axis=1), F32(0))
+    hi = x.max(axis=1)
+    flat = hi == lo
+    sum_w = seq_sum(w)
+    sum_x = seq_sum(w * x)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = F32(NMAX) / (hi - lo)
+        scale = F32(1) / iscale
+        codes = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, NMAX)
+        diff = scale[:, None] * codes + lo[:, None] - x
+        best = seq_sum(w * (diff * diff))
+        for step in range(nstep + 1):
+            iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(NMAX)) / (hi - lo)
+            trial = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, NMAX)
+            wl = w * trial
+            sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * trial), seq_sum(wl * x)
+            det = sum_w * sum_l2 - sum_l * sum_l
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            positive = this_min > 0
+            this_min = np.where(positive, F32(0), this_min)
+            this_scale = np.where(positive, sum_xl / sum_l2, this_scale).astype(F32)
+            diff = this_scale[:, None] * trial + this_min[:, None] - x
+            error = seq_sum(w * (diff * diff))
+            better = (det > 0) & (error < best) & ~flat
+            codes = np.where(better[:, None], trial, codes)
+            best = np.where(better, error, best)
+            scale = np.where(better, this_scale, scale)
+            lo = np.where(better, this_min, lo)
+    scale = np.where(flat, F32(0), scale)
+    codes = np.where(flat[:, None], F32(0), codes)
+    return scale.astype(F32), (-lo).astype(F32), codes
+
+
+def _six_bits(values: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Group scales (or mins) as 6-bit integers against their block's largest, as ggml."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(top > 0, F32(63) / top, F32(0))
+        return np.minimum(63, nearest_int(inv[:, None] * values)).astype(np.uint8)
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    x = np.ascontiguousarray(x, dtype=F32)
+    groups = x.reshape(-1, GROUP)
+    av_x = np.sqrt(seq_sum(groups * groups) / F32(GROUP))
+    scales, mins, codes = make_qkx2_quants(groups, av_x[:, None] + np.abs(groups))
+    nb = groups.shape[0] // N_GROUPS
+    scales, mins = scales.reshape(nb, N_GROUPS), mins.reshape(nb, N_GROUPS)
+    max_scale = np.maximum(scales.max(axis=1), F32(0))
+    max_min = np.maximum(mins.max(axis=1), F32(0))
+    ls, lm = _six_bits(scales, max_scale), _six_bits(mins, max_min)
+    d16, dmin16 = fp16_bytes(max_scale / F32(63)), fp16_bytes(max_min / F32(63))
+    d = d16.view("<f2").astype(F32) * ls.astype(F32)
+    dm = dmin16.view("<f2").astype(F32) * lm.astype(F32)
+    blocks = x.reshape(nb, N_GROUPS, GROUP)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        requant = np.clip(nearest_int((blocks + dm[..., None]) / d[..., None]), 0, NMAX)
+    codes = np.where((d != 0)[..., None], requant, codes.reshape(blocks.shape)).astype(np.uint8)
+    packed_scales = np.concatenate(
+        [ls[:, :4] | (ls[:, 4:] >> 4) << 6, lm[:, :4] | (lm[:, 4:] >> 4) << 6,
+         ls[:, 4:] & 15 | (lm[:, 4:] & 15) << 4],
+        axis=1,
+    )  # fmt: skip
+    pairs = codes.reshape(nb, 4, 2, GROUP)
+    qs = (pairs[:, :, 0] | pairs[:, :, 1] << 4).reshape(nb, -1)
+    out = np.concatenate([d16, dmin16, packed_scales, qs], axis=1)
+    return out.reshape(*x.shape[:-1], x.shape[-1] // QK_K * TYPE_SIZE)
+
+
+def unpack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-group scales ``d * sc`` and offsets ``dmin * m`` ``(nb, 8)`` float32, and codes
+    ``(nb, 256)`` uint8 0..15, of Q4_K bytes."""
+    blocks = np.ascontiguousarray(b, dtype=np.uint8).reshape(-1, TYPE_SIZE)
+    nb = blocks.shape[0]
+    d = blocks[:, 0:2].copy().view("<f2").astype(F32)
+    dmin = blocks[:, 2:4].copy().view("<f2").astype(F32)
+    s = blocks[:, 4:16]
+    sc = np.concatenate([s[:, 0:4] & 63, s[:, 8:12] & 15 | (s[:, 0:4] >> 6) << 4], axis=1)
+    m = np.concatenate([s[:, 4:8] & 63, s[:, 8:12] >> 4 | (s[:, 4:8] >> 6) << 4], axis=1)
+    qs = blocks[:, 16:].reshape(nb, 4, 1, 32)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(nb, QK_K)
+    return d * sc.astype(F32), dmin * m.astype(F32), codes
+
+
+def dequantize(b: np.ndarray) -> np.ndarray:
+    scale, offset, codes = unpack(b)
+    values = scale[..., None] * codes.reshape(-1, N_GROUPS, GROUP).astype(F32) - offset[..., None]
+    return values.reshape(*b.shape[:-1], b.shape[-1] // TYPE_SIZE * QK_K)
+
+
+Q4_K = QuantType("Q4_K", int(GGMLQuantizationType.Q4_K), QK_K, TYPE_SIZE, quantize, dequantize)
+
+
+def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
+    """4-bit codes as uint8 plus one scale and one offset per group of 32; on the CPU in
+    bf16/f16 instead torch's int4 layout for decode (``(q - 8) * s + (8 s - offset)`` is
+    ``s * q - offset``: the int4 kernel's form with group size 32) next to a dense copy."""
+    n_out = raw.shape[0]
+    scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
+    shape = (n_out, -1, 1)
+    grouped = torch_grouped_weight(
+        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
+    )
+    if backend.torch_device.type != "cpu":
+        return grouped
+    min_rows = int4_decode_rows(backend, INT4_ENV) if min_rows is None else min_rows
+    ops = int4_ops("cpu")
+    if min_rows <= 0 or ops is None:
+        return grouped
+    dense = grouped.get_rows(np.arange(n_out))  # dequantized once, for prefill
+    scale, offset = scale.reshape(n_out, -1), offset.reshape(n_out, -1)
+    packed, sz = pack_int4(
+        codes.reshape(n_out, -1), scale, 8 * scale - offset, backend.torch_device,
+        backend.torch_dtype,
+    )  # fmt: skip
+    return TorchInt4DenseWeight(dense, (ops[1], packed, sz), min_rows)
+
+
+def supports_torch(backend: Any) -> bool:
+    """Probe: on the CPU only where the int4 decode path is used (elsewhere a weight
+    dequantized once at load multiplies faster than one dequantized per matmul); runs one
+    tiny matmul of that path against numpy, cached per backend."""
+    if getattr(backend, "name", "") != "torch":
+        return False
+    if backend.torch_device.type == "cpu" and (
+        int4_decode_rows(backend, INT4_ENV) <= 0 or int4_ops("cpu") is None
+    ):
+        return False
+    cache = backend.probe_cache
+    if "Q4_K" not in cache:
+        cache["Q4_K"] = kernel_matches_reference(backend, Q4_K, partial(load_torch, min_rows=inf))
+    return cache["Q4_K"]
+
+
+@hookimpl
+def tessera_register_quant_types(register):
+    register(Q4_K)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        WeightKernel(
+            backend="torch",
+            quant_type="Q4_K",
+            supports=supports_torch,
+            load=load_torch,
+            description="uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
+        )
+    )

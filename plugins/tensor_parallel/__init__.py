@@ -1,0 +1,1 @@
+"""Tensor parallel across processes: sharded loading, rendezvous, launch and lockstep."""

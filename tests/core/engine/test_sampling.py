@@ -1,0 +1,74 @@
+"""Sampling: each stage against a direct computation of what it should keep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.errors import TesseraError
+
+LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.06, 0.04], dtype=np.float32))
+
+
+def frequencies(params: SamplerParams, logits=LOGITS, n=20000) -> np.ndarray:
+    sampler = Sampler(params)
+    counts = np.bincount([sampler.sample(logits) for _ in range(n)], minlength=len(logits))
+    return counts / n
+
+
+def test_greedy_takes_the_argmax():
+    logits = np.array([0.1, 3.0, -1.0, 2.9], dtype=np.float32)
+    assert Sampler(SamplerParams(temperature=0)).sample(logits) == 1
+
+
+def test_plain_sampling_follows_the_softmax():
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1)
+    np.testing.assert_allclose(frequencies(params), np.exp(LOGITS), atol=0.015)
+
+
+def test_temperature_sharpens_the_distribution():
+    params = SamplerParams(temperature=0.5, top_k=0, top_p=1.0, min_p=0.0, seed=2)
+    p = np.exp(LOGITS / 0.5)
+    np.testing.assert_allclose(frequencies(params), p / p.sum(), atol=0.015)
+
+
+def test_top_k_keeps_the_k_most_likely_renormalized():
+    params = SamplerParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=3)
+    np.testing.assert_allclose(frequencies(params), [2 / 3, 1 / 3, 0, 0, 0], atol=0.015)
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    # 0.5 + 0.25 = 0.75 < 0.8, so the third token (cumulative 0.9) is kept too
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=0.8, min_p=0.0, seed=4)
+    np.testing.assert_allclose(
+        frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015
+    )
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.25, seed=5)
+    np.testing.assert_allclose(
+        frequencies(params), [0.5 / 0.9, 0.25 / 0.9, 0.15 / 0.9, 0, 0], atol=0.015
+    )
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():
+    sampler = Sampler(SamplerParams(repeat_penalty=2.0, repeat_last_n=2))
+    out = sampler.apply_penalty(np.array([4.0, -1.0, 3.0, 1.0], dtype=np.float32), [2, 0, 1])
+    np.testing.assert_allclose(out, [2.0, -2.0, 3.0, 1.0])  # token 2 is outside the last 2
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    def draws(seed):
+        sampler = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed))
+        return [sampler.sample(LOGITS) for _ in range(50)]
+
+    assert draws(42) == draws(42)
+    assert draws(42) != draws(43)
+
+
+@pytest.mark.parametrize("field,value", [("top_p", 1.5), ("min_p", -0.1), ("top_k", -1)])
+def test_invalid_settings_are_rejected_with_the_field_name(field, value):
+    with pytest.raises(TesseraError, match=field):
+        SamplerParams(**{field: value})
