@@ -11,16 +11,25 @@ class ModelFileError(TesseraError):
     """A model file is missing, not a GGUF, truncated or otherwise unreadable."""
 
 
-class UnknownArchitectureError(TesseraError):
+class UnknownNameError(TesseraError):
+    """A name (of an architecture, quant type, backend ...) that no installed plugin
+    registered; the message lists what is installed."""
+
+
+class UnknownArchitectureError(UnknownNameError):
     """No installed architecture plugin handles the model's architecture."""
 
 
-class UnknownQuantTypeError(TesseraError):
+class UnknownQuantTypeError(UnknownNameError):
     """No installed quantization plugin handles a tensor's type."""
 
 
-class UnknownBackendError(TesseraError):
+class UnknownBackendError(UnknownNameError):
     """The requested backend is not installed or not usable on this machine."""
+
+
+class UnknownSpecDecoderError(UnknownNameError):
+    """No installed speculative decoder has the requested ``--spec-type``."""
 
 
 class ContextOverflowError(TesseraError):

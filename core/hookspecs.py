@@ -65,11 +65,12 @@ def tessera_register_backends(register: Callable[[BackendInfo], None]) -> None:
     """Register compute backends.
 
     Called once, when the runtime first lists or creates a backend. Call
-    ``register(BackendInfo(name=..., create=..., description=...))`` for each backend.
-    ``create(device)`` is called only when a context is made on that backend; it returns a
-    :class:`tessera.contract.backend.Backend` (import torch or other heavy libraries there, not at
-    module import). ``device`` is ``None`` for "the best device you have" or a string such
-    as ``"cpu"`` / ``"cuda:0"``. A backend that cannot run on this machine raises
+    ``register(BackendInfo(name=..., create=..., description=..., priority=...))`` for each
+    backend; with no ``--backend`` the highest ``priority`` that can run here is used.
+    ``create(device, dtype)`` is called only when a context is made on that backend; it
+    returns a :class:`tessera.contract.backend.Backend` (import torch or other heavy
+    libraries there, not at module import). ``device`` is ``None`` for "the best device you have" or
+    a string such as ``"cpu"`` / ``"cuda:0"``. A backend that cannot run on this machine raises
     :class:`tessera.errors.UnknownBackendError` from ``create``.
     """
 

@@ -22,13 +22,8 @@ import attrs
 import pluggy
 
 from tessera import PLUGIN_API_VERSION, hookspecs
-from tessera.errors import (
-    PluginError,
-    TesseraError,
-    UnknownArchitectureError,
-    UnknownBackendError,
-    UnknownQuantTypeError,
-)
+from tessera.catalogue import Catalogues
+from tessera.errors import PluginError
 
 ENTRY_POINT_GROUP = "tessera"
 
@@ -60,7 +55,7 @@ class PluginRecord:
     version: str
 
 
-class Runtime:
+class Runtime(Catalogues):
     """Loaded plugins and the catalogues they registered (backends, architectures ...)."""
 
     def __init__(
@@ -148,72 +143,6 @@ class Runtime:
         plugin = self.pm.get_plugin(name)
         return sorted(c.name for c in self.pm.get_hookcallers(plugin) or [])
 
-    # -- catalogues ------------------------------------------------------------------
-
-    def _catalogue(
-        self, hook: str, key: Callable[[Any], Iterable[Any]], index: str = ""
-    ) -> dict[Any, Any]:
-        """Call a ``register`` hook once per plugin and index what it registered by ``key``.
-
-        Each plugin's implementation is called on its own, so one failing plugin is
-        reported and skipped instead of hiding the others.
-        """
-        # One hook may be indexed two ways (architectures by GGUF name and by HF type).
-        cache_key = f"{hook}:{index}"
-        if cache_key in self._catalogues:
-            return self._catalogues[cache_key]
-        found: dict[Any, Any] = {}
-        caller = getattr(self.pm.hook, hook)
-        for impl in caller.get_hookimpls():  # in registration (entry-point) order
-            registered: list[Any] = []
-            try:
-                impl.function(register=registered.append)
-            except Exception as exc:
-                self._fail(impl.plugin_name, f"{hook} raised {type(exc).__name__}: {exc}")
-                continue
-            for item in registered:
-                for k in key(item):
-                    if k in found:
-                        self.conflicts.append(
-                            f"{impl.plugin_name}: {hook} registered {k!r} again; kept the first"
-                        )
-                    else:
-                        found[k] = item
-        self._catalogues[cache_key] = found
-        return found
-
-    def backends(self) -> dict[str, Any]:
-        return self._catalogue("tessera_register_backends", lambda b: [b.name])
-
-    def architectures(self) -> dict[str, Any]:
-        return self._catalogue("tessera_register_architectures", lambda a: a.names)
-
-    def hf_architectures(self) -> dict[str, Any]:
-        return self._catalogue(
-            "tessera_register_architectures", lambda a: a.hf_model_types, index="hf"
-        )
-
-    def quant_types(self) -> dict[int, Any]:
-        return self._catalogue("tessera_register_quant_types", lambda q: [q.ggml_type])
-
-    def weight_kernels(self) -> dict[tuple[str, str], Any]:
-        return self._catalogue(
-            "tessera_register_weight_kernels", lambda k: [(k.backend, k.quant_type)]
-        )
-
-    def commands(self) -> dict[str, Any]:
-        return self._catalogue("tessera_register_commands", lambda c: [c.name])
-
-    def routes(self) -> dict[str, Any]:
-        """Server routes by ``"METHOD /path"`` (one route may own several keys)."""
-        return self._catalogue(
-            "tessera_register_routes", lambda r: [f"{m} {r.path}" for m in r.methods]
-        )
-
-    def expert_caches(self) -> dict[str, Any]:
-        """Expert caches (:class:`tessera.contract.experts.ExpertCacheInfo`) by name."""
-        return self._catalogue("tessera_register_expert_caches", lambda c: [c.name])
-
     def shared_expert_cache(self, budget_bytes: int) -> Any | None:
         """The one expert cache of ``--moe-cache-shared``, made on first use with the first
         registered expert cache (None when no expert-cache plugin is loaded). Later callers
@@ -222,102 +151,6 @@ class Runtime:
             info = next(iter(self.expert_caches().values()))
             self._shared_expert_cache = info.create(budget_bytes)
         return self._shared_expert_cache
-
-    def communicators(self) -> dict[str, Any]:
-        """Communicators (:class:`tessera.contract.comm.CommunicatorInfo`) by name."""
-        return self._catalogue("tessera_register_communicators", lambda c: [c.name])
-
-    def spec_decoders(self) -> dict[str, Any]:
-        """Speculative decoders (:class:`tessera.contract.spec.SpecDecoderInfo`) by name."""
-        return self._catalogue("tessera_register_spec_decoders", lambda d: [d.name])
-
-    def spec_decoder(self, name: str) -> Any:
-        """The spec decoder registered as ``name`` (``--spec-type``), or a clear error."""
-        decoders = self.spec_decoders()
-        if name not in decoders:
-            known = ", ".join(sorted(decoders)) or "none (no spec-decoder plugin is loaded)"
-            raise TesseraError(
-                f"unknown speculative decoding type '{name}'; the installed types are: "
-                f"{known}. Pick one with --spec-type or install its plugin"
-            )
-        return decoders[name]
-
-    # -- lookups with user-facing errors --------------------------------------------
-
-    def architecture(self, name: str) -> Any:
-        archs = self.architectures()
-        if name not in archs:
-            known = ", ".join(sorted(archs)) or "none (no architecture plugin is loaded)"
-            raise UnknownArchitectureError(
-                f"unknown model architecture '{name}'; the installed architectures are: "
-                f"{known}. Install a plugin for '{name}' or use a supported model"
-            )
-        return archs[name]
-
-    def hf_architecture(self, model_type: str) -> Any:
-        archs = self.hf_architectures()
-        if model_type not in archs:
-            known = ", ".join(sorted(archs)) or "none"
-            raise UnknownArchitectureError(
-                f"unknown Hugging Face model_type '{model_type}'; the installed architectures "
-                f"load: {known}. Install a plugin for it or use a supported model"
-            )
-        return archs[model_type]
-
-    def quant_type(self, ggml_type: int, tensor: str = "") -> Any:
-        qtypes = self.quant_types()
-        if ggml_type not in qtypes:
-            where = f" of tensor '{tensor}'" if tensor else ""
-            known = ", ".join(q.name for q in qtypes.values()) or "none"
-            raise UnknownQuantTypeError(
-                f"unknown tensor type {_ggml_type_name(ggml_type)}{where}; the installed quant "
-                f"types are: {known}. Install a plugin for it or requantize the model"
-            )
-        return qtypes[ggml_type]
-
-    def quant_type_by_name(self, name: str) -> Any:
-        for q in self.quant_types().values():
-            if q.name.lower() == name.lower():
-                return q
-        known = ", ".join(q.name for q in self.quant_types().values()) or "none"
-        raise UnknownQuantTypeError(
-            f"unknown quant type '{name}'; the installed quant types are: {known}"
-        )
-
-    def backend_preference(self) -> list[str]:
-        """Installed backend names, best first: torch (the fast one), then the rest by name."""
-        names = sorted(self.backends())
-        return sorted(names, key=lambda n: n != "torch")
-
-    def create_backend(
-        self, name: str | None = None, device: str | None = None, dtype: str | None = None
-    ) -> Any:
-        """Create a backend by name; with no name, the first in preference that can run here."""
-        backends = self.backends()
-        if name is None:
-            for candidate in self.backend_preference():
-                try:
-                    return backends[candidate].create(device, dtype)
-                except UnknownBackendError:
-                    continue
-            raise UnknownBackendError(
-                "no usable backend is installed; install torch or enable the numpy backend"
-            )
-        if name not in backends:
-            known = ", ".join(sorted(backends)) or "none"
-            raise UnknownBackendError(
-                f"unknown backend '{name}'; the installed backends are: {known}"
-            )
-        return backends[name].create(device, dtype)
-
-
-def _ggml_type_name(ggml_type: int) -> str:
-    try:
-        from gguf import GGMLQuantizationType
-
-        return f"{GGMLQuantizationType(ggml_type).name} (GGML type {ggml_type})"
-    except ValueError:
-        return f"GGML type {ggml_type}"
 
 
 def _find_entry_points() -> list[Any]:

@@ -118,5 +118,6 @@ def tessera_register_backends(register):
             "torch",
             create,
             "torch on cpu/cuda; bf16 where fast; int4/int8 weight kernels; SDPA attention",
+            priority=100,  # the fast backend: chosen over the numpy reference by default
         )
     )

@@ -1,1 +1,2 @@
-"""The contracts between the core and its plugins: what each kind of plugin registers or implements."""
+"""The contracts between the core and its plugins: what each kind of plugin registers or
+implements."""

@@ -73,6 +73,10 @@ class BackendInfo:
     name: str
     create: Callable[..., Backend] = attrs.field(eq=False, repr=False)
     description: str = ""
+    #: With no ``--backend``, backends are tried highest priority first (ties by name) and
+    #: the first whose ``create`` succeeds runs. The numpy reference is 0; a fast backend
+    #: registers more.
+    priority: int = 0
 
 
 class Backend(ABC):
@@ -223,8 +227,8 @@ class Backend(ABC):
     def attention_rows(self, q: Any, k_cache: Any, v_cache: Any, kv_rows: Any, scale: float) -> Any:
         """Optional: attention of each sequence's queries over only its own cache rows.
 
-        ``kv_rows`` is a :class:`tessera.engine.kv_cache.KVRows`: the queries of ``q`` ``(T, Hq, D)``
-        grouped into slices, each with the cells it attends to (``-1`` = padding, exactly
+        ``kv_rows`` is a :class:`tessera.engine.kv_cache.KVRows`: the queries of ``q`` ``(T, Hq,
+        D)`` grouped into slices, each with the cells it attends to (``-1`` = padding, exactly
         like a ``-inf`` mask entry), causal by position inside a slice, optionally within
         a sliding window; GQA as in :meth:`attention`. Same result as :meth:`attention`
         with the equivalent dense mask, but the work is proportional to each slice's rows,

@@ -3,8 +3,8 @@
 A communicator plugin registers a :class:`CommunicatorInfo` (hook
 ``tessera_register_communicators``). Before a group forms, every rank runs each
 communicator's ``probe(device)`` and sends the answers to rank 0 (see
-:mod:`tessera.plugins.tensor_parallel.rendezvous`); :func:`choose_communicator` then picks, on rank 0 and
-for everyone, the first communicator that *every* rank can use:
+:mod:`tessera.plugins.tensor_parallel.rendezvous`); :func:`choose_communicator` then picks, on rank
+0 and for everyone, the first communicator that *every* rank can use:
 
 1. the one named by ``--communicator`` / ``TESSERA_COMMUNICATOR`` (an error if some rank
    cannot use it), else

@@ -1,1 +1,2 @@
-"""The engine along the data flow: batches, the KV cache, the context, sampling, generation, slots."""
+"""The engine along the data flow: batches, the KV cache, the context, sampling, generation
+and the slots."""

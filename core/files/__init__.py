@@ -1,1 +1,2 @@
-"""Model files: reading GGUF and Hugging Face folders, writing GGUF, loading a model onto a backend."""
+"""Model files: reading GGUF and Hugging Face folders, writing GGUF, loading a model onto a
+backend."""

@@ -214,7 +214,8 @@ def storage_types(
     fill ``outtype``'s blocks falls back to F16. For Q4_0 (made by ``llama-quantize`` in
     llama.cpp) the output head (``output.weight``, or ``token_embd.weight`` when tied) gets
     Q6_K where a Q6_K type is installed and rows fit its blocks, otherwise Q8_0.
-    ``lookup(name)`` returns the installed :class:`~tessera.contract.quant.QuantType` called ``name``.
+    ``lookup(name)`` returns the installed :class:`~tessera.contract.quant.QuantType` called
+    ``name``.
     """
     main = lookup(outtype)
     head = "output.weight" if "output.weight" in shapes else "token_embd.weight"

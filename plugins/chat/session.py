@@ -23,10 +23,11 @@ blanks and markers and all, as text.
 Reasoning that the prompt already opened (Qwen3/DeepSeek-R1 templates that end with
 ``<think>\\n``) is found from the rendered prompt.
 
-Models without a chat template: ``tessera.text.chat_template.template_for`` falls back to ChatML, as llama.cpp
-does, which suits ``tessera run``; chat endpoints should instead call :func:`chat_template` and so
-refuse a model with no template of its own unless the user passed ``--chat-template``
-(:class:`NoChatTemplateError`), since a guessed format gives confidently wrong answers.
+Models without a chat template: ``tessera.text.chat_template.template_for`` falls back to ChatML, as
+llama.cpp does, which suits ``tessera run``; chat endpoints should instead call
+:func:`chat_template` and so refuse a model with no template of its own unless the user passed
+``--chat-template`` (:class:`NoChatTemplateError`), since a guessed format gives confidently wrong
+answers.
 """
 
 from __future__ import annotations

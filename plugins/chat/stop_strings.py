@@ -7,8 +7,8 @@ and reports the first stop string found; the text before it is the last to send 
 string itself is never sent. At the end of generation, :meth:`StopStringMatcher.flush` gives
 back what was held.
 
-The server runs it before :class:`tessera.plugins.chat.session.ChatSession`, so a stop string ends the
-answer before the chat layer sees it.
+The server runs it before :class:`tessera.plugins.chat.session.ChatSession`, so a stop string ends
+the answer before the chat layer sees it.
 """
 
 from __future__ import annotations

@@ -1,1 +1,2 @@
-"""The built-in CLI commands: run, tokenize, convert, quantize, embed, rerank, bench, batched-bench."""
+"""The built-in CLI commands: run, tokenize, convert, quantize, embed, rerank, bench and
+batched-bench."""

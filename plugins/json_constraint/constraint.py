@@ -9,7 +9,8 @@ would give on logits where every token that breaks the JSON prefix is set to -in
 tokens are allowed, so generation stops there.
 
 Tokens are checked as bytes, not text: a byte-level BPE token may hold part of a UTF-8
-character, and the parser (:mod:`tessera.plugins.json_constraint.prefix`) validates UTF-8 byte by byte.
+character, and the parser (:mod:`tessera.plugins.json_constraint.prefix`) validates UTF-8 byte by
+byte.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Allowed-token masks for JSON-constrained sampling, one parser state at a time.
 
 :class:`MaskBuilder` holds the vocabulary as a byte trie and (optionally) the vectorised
-string scanner, and computes for a :class:`~tessera.plugins.json_constraint.prefix.JsonPrefix` state which tokens
-keep it a valid prefix. The result is split so it can be cached per state key: tokens whose
-validity the key decides, and tokens that pop below the stack entries the key records, which
+string scanner, and computes for a :class:`~tessera.plugins.json_constraint.prefix.JsonPrefix` state
+which tokens keep it a valid prefix. The result is split so it can be cached per state key: tokens
+whose validity the key decides, and tokens that pop below the stack entries the key records, which
 the caller re-checks against each real state.
 """
 

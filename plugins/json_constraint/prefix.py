@@ -2,8 +2,8 @@
 
 A pushdown automaton over bytes (RFC 8259 grammar, RFC 3629 UTF-8 inside strings) whose
 top-level value must be an object, as OpenAI's ``response_format: json_object`` asks.
-Structured-output sampling (:mod:`tessera.plugins.json_constraint.constraint`) asks it, token by token, which
-continuations are still valid and when the object is complete.
+Structured-output sampling (:mod:`tessera.plugins.json_constraint.constraint`) asks it, token by
+token, which continuations are still valid and when the object is complete.
 
 Two choices beyond the RFC, both so generation always ends:
 

@@ -3,8 +3,9 @@
 Inside a string nearly every token is valid, so walking the vocabulary trie byte by byte in
 Python costs seconds on a 150k-token vocabulary. String contents need no stack: the parser's
 string modes (plain, escape, ``\\uXXXX``, pending UTF-8 bytes) form a small DFA. This module
-derives that DFA from :class:`tessera.plugins.json_constraint.prefix.JsonPrefix` itself (so the grammar lives in
-one place), then runs all tokens through it at once with numpy, one byte column at a time.
+derives that DFA from :class:`tessera.plugins.json_constraint.prefix.JsonPrefix` itself (so the
+grammar lives in one place), then runs all tokens through it at once with numpy, one byte column at
+a time.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from tessera.contract.routes import ApiError
 from tessera.errors import TesseraError
-from tessera.plugins.chat.session import ChatSession, chat_template
+from tessera.plugins.chat import ChatSession, chat_template
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .fields import Fields, read_json

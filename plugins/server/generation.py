@@ -13,7 +13,7 @@ from starlette.requests import Request
 from tessera.contract.routes import ApiError
 from tessera.engine.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
 from tessera.errors import ContextOverflowError, TesseraError
-from tessera.plugins.chat.stop_strings import StopStringMatcher
+from tessera.plugins.chat import StopStringMatcher
 from tessera.plugins.server.state import ServedModel
 from tessera.text.tokenizer import StreamDecoder
 

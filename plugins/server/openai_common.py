@@ -82,7 +82,7 @@ async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] |
             "than ignored)",
             param="response_format",
         )
-    from tessera.plugins.json_constraint.constraint import JsonConstraintFactory
+    from tessera.plugins.json_constraint import JsonConstraintFactory
 
     # the factory renders the whole vocabulary once (seconds for a large one: off the event
     # loop); every later request of this model reuses it

@@ -28,7 +28,8 @@ class LiveServer:
 
     @property
     def model(self) -> Any:
-        """The default :class:`tessera.plugins.server.state.ServedModel` (model, tokenizer, engine)."""
+        """The default :class:`tessera.plugins.server.state.ServedModel` (model, tokenizer,
+        engine)."""
         return self.state.pool.served()[0]
 
 

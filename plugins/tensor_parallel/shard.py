@@ -1,8 +1,8 @@
 """Tensor parallelism: each rank loads only its shard of a model and joins a group.
 
 An architecture that can be split returns a plan from ``Architecture.tensor_parallel``
-(see :class:`tessera.contract.tp.TensorParallelPlan`); this module executes it generically: it reads the
-model file (memory-mapped, so a rank only touches the bytes of its shard), cuts every
+(see :class:`tessera.contract.tp.TensorParallelPlan`); this module executes it generically: it reads
+the model file (memory-mapped, so a rank only touches the bytes of its shard), cuts every
 tensor as the plan says (:func:`slice_tensor`, quantized blocks included), loads the
 slices on the backend, then forms the group (:func:`form_group`: rendezvous, capability
 exchange, communicator choice) and builds the plan's graph over that communicator.

@@ -1,7 +1,7 @@
 """Tensor parallel across processes: parity with one process, refusals and faults.
 
-Every group runs in spawned processes on loopback ports (tessera.plugins.tensor_parallel.testing), one torch
-thread per rank, on tiny random models in f32; the oracle is the same model run in
+Every group runs in spawned processes on loopback ports (tessera.plugins.tensor_parallel.testing),
+one torch thread per rank, on tiny random models in f32; the oracle is the same model run in
 this process without tensor parallelism.
 """
 

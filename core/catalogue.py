@@ -1,0 +1,240 @@
+"""The catalogues plugins register into, and the one lookup that names what is installed.
+
+Each kind of thing a plugin can register (backend, architecture, quant type ...) is a
+:class:`CatalogueKind`: the ``register`` hook that fills it, the key(s) each item is
+found by, and the words of the error when a name is missing. :meth:`Catalogues.get` is
+the one lookup: the item, or an :class:`~tessera.errors.UnknownNameError` subclass whose
+message lists what is installed and the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from tessera.errors import (
+    UnknownArchitectureError,
+    UnknownBackendError,
+    UnknownNameError,
+    UnknownQuantTypeError,
+    UnknownSpecDecoderError,
+)
+
+
+@attrs.frozen
+class CatalogueKind:
+    """One catalogue: filled by ``hook``, indexed by ``keys(item)``."""
+
+    hook: str
+    keys: Callable[[Any], Iterable[Any]] = attrs.field(eq=False)
+    #: Raised by :meth:`Catalogues.get` for a missing name.
+    error: type[UnknownNameError] = UnknownNameError
+    #: ``{name}``, ``{known}`` (the installed names) and ``{where}`` are filled in.
+    missing: str = "unknown '{name}'; installed: {known}"
+    #: ``{known}`` when nothing of the kind is installed.
+    none: str = "none"
+    #: How an installed item is named in ``{known}`` (None: its key, names sorted; else
+    #: this function of the item, in registration order).
+    label: Callable[[Any], str] | None = attrs.field(default=None, eq=False)
+
+
+def _ggml_type_name(ggml_type: int) -> str:
+    try:
+        from gguf import GGMLQuantizationType
+
+        return f"{GGMLQuantizationType(ggml_type).name} (GGML type {ggml_type})"
+    except ValueError:
+        return f"GGML type {ggml_type}"
+
+
+KINDS: dict[str, CatalogueKind] = {
+    "backend": CatalogueKind(
+        "tessera_register_backends",
+        lambda b: [b.name],
+        UnknownBackendError,
+        "unknown backend '{name}'; the installed backends are: {known}",
+    ),
+    "architecture": CatalogueKind(
+        "tessera_register_architectures",
+        lambda a: a.names,
+        UnknownArchitectureError,
+        "unknown model architecture '{name}'; the installed architectures are: {known}. "
+        "Install a plugin for '{name}' or use a supported model",
+        none="none (no architecture plugin is loaded)",
+    ),
+    "hf_architecture": CatalogueKind(
+        "tessera_register_architectures",
+        lambda a: a.hf_model_types,
+        UnknownArchitectureError,
+        "unknown Hugging Face model_type '{name}'; the installed architectures load: "
+        "{known}. Install a plugin for it or use a supported model",
+    ),
+    "quant_type": CatalogueKind(
+        "tessera_register_quant_types",
+        lambda q: [q.ggml_type],
+        UnknownQuantTypeError,
+        "unknown tensor type {name}{where}; the installed quant types are: {known}. "
+        "Install a plugin for it or requantize the model",
+        label=lambda q: q.name,
+    ),
+    "quant_type_name": CatalogueKind(
+        "tessera_register_quant_types",
+        lambda q: [q.name.lower()],
+        UnknownQuantTypeError,
+        "unknown quant type '{name}'; the installed quant types are: {known}",
+        label=lambda q: q.name,
+    ),
+    "weight_kernel": CatalogueKind(
+        "tessera_register_weight_kernels", lambda k: [(k.backend, k.quant_type)]
+    ),
+    "command": CatalogueKind("tessera_register_commands", lambda c: [c.name]),
+    "route": CatalogueKind(
+        "tessera_register_routes", lambda r: [f"{m} {r.path}" for m in r.methods]
+    ),
+    "expert_cache": CatalogueKind("tessera_register_expert_caches", lambda c: [c.name]),
+    "communicator": CatalogueKind("tessera_register_communicators", lambda c: [c.name]),
+    "spec_decoder": CatalogueKind(
+        "tessera_register_spec_decoders",
+        lambda d: [d.name],
+        UnknownSpecDecoderError,
+        "unknown speculative decoding type '{name}'; the installed types are: {known}. "
+        "Pick one with --spec-type or install its plugin",
+        none="none (no spec-decoder plugin is loaded)",
+    ),
+}
+
+
+class Catalogues:
+    """What the loaded plugins registered, one catalogue per :data:`KINDS` entry.
+
+    The plugin manager (:class:`tessera.plugin_manager.Runtime`) is the concrete class: it
+    provides ``pm`` (pluggy's manager), ``conflicts``, ``_fail`` and the cache.
+    """
+
+    pm: Any
+    conflicts: list[str]
+    _catalogues: dict[str, dict[Any, Any]]
+
+    def _fail(self, name: str, error: str) -> None:
+        raise NotImplementedError  # the plugin manager records or raises
+
+    def catalogue(self, kind: str) -> dict[Any, Any]:
+        """Every item of ``kind`` by key. Each plugin's ``register`` hook is called on its
+        own, so one failing plugin is reported and skipped instead of hiding the others."""
+        if kind in self._catalogues:
+            return self._catalogues[kind]
+        spec = KINDS[kind]
+        found: dict[Any, Any] = {}
+        caller = getattr(self.pm.hook, spec.hook)
+        for impl in caller.get_hookimpls():  # in registration (entry-point) order
+            registered: list[Any] = []
+            try:
+                impl.function(register=registered.append)
+            except Exception as exc:
+                self._fail(impl.plugin_name, f"{spec.hook} raised {type(exc).__name__}: {exc}")
+                continue
+            for item in registered:
+                for k in spec.keys(item):
+                    if k in found:
+                        self.conflicts.append(
+                            f"{impl.plugin_name}: {spec.hook} registered {k!r} again; "
+                            "kept the first"
+                        )
+                    else:
+                        found[k] = item
+        self._catalogues[kind] = found
+        return found
+
+    def get(self, kind: str, name: Any, *, where: str = "", shown: str | None = None) -> Any:
+        """The item of ``kind`` registered as ``name``, or the kind's typed error listing
+        what is installed. ``shown`` is how the message names ``name`` (default: as is);
+        ``where`` adds context, e.g. the tensor a type was met in."""
+        found = self.catalogue(kind)
+        if name in found:
+            return found[name]
+        spec = KINDS[kind]
+        if spec.label is None:
+            labels = sorted(str(k) for k in found)
+        else:
+            labels = list(dict.fromkeys(spec.label(item) for item in found.values()))
+        known = ", ".join(labels) or spec.none
+        shown = str(name) if shown is None else shown
+        raise spec.error(spec.missing.format(name=shown, known=known, where=where))
+
+    # -- the catalogues by kind (what callers read) ----------------------------------
+
+    def backends(self) -> dict[str, Any]:
+        return self.catalogue("backend")
+
+    def architectures(self) -> dict[str, Any]:
+        return self.catalogue("architecture")
+
+    def hf_architectures(self) -> dict[str, Any]:
+        return self.catalogue("hf_architecture")
+
+    def quant_types(self) -> dict[int, Any]:
+        return self.catalogue("quant_type")
+
+    def weight_kernels(self) -> dict[tuple[str, str], Any]:
+        return self.catalogue("weight_kernel")
+
+    def commands(self) -> dict[str, Any]:
+        return self.catalogue("command")
+
+    def routes(self) -> dict[str, Any]:
+        """Server routes by ``"METHOD /path"`` (one route may own several keys)."""
+        return self.catalogue("route")
+
+    def expert_caches(self) -> dict[str, Any]:
+        """Expert caches (:class:`tessera.contract.experts.ExpertCacheInfo`) by name."""
+        return self.catalogue("expert_cache")
+
+    def communicators(self) -> dict[str, Any]:
+        """Communicators (:class:`tessera.contract.comm.CommunicatorInfo`) by name."""
+        return self.catalogue("communicator")
+
+    def spec_decoders(self) -> dict[str, Any]:
+        """Speculative decoders (:class:`tessera.contract.spec.SpecDecoderInfo`) by name."""
+        return self.catalogue("spec_decoder")
+
+    # -- single lookups (``get`` with each kind's name) ------------------------------
+
+    def architecture(self, name: str) -> Any:
+        return self.get("architecture", name)
+
+    def hf_architecture(self, model_type: str) -> Any:
+        return self.get("hf_architecture", model_type)
+
+    def quant_type(self, ggml_type: int, tensor: str = "") -> Any:
+        where = f" of tensor '{tensor}'" if tensor else ""
+        return self.get("quant_type", ggml_type, where=where, shown=_ggml_type_name(ggml_type))
+
+    def quant_type_by_name(self, name: str) -> Any:
+        return self.get("quant_type_name", name.lower(), shown=name)
+
+    def spec_decoder(self, name: str) -> Any:
+        """The spec decoder registered as ``name`` (``--spec-type``), or a clear error."""
+        return self.get("spec_decoder", name)
+
+    def backend_preference(self) -> list[str]:
+        """Installed backend names, best first: by :attr:`BackendInfo.priority`, then name."""
+        backends = self.backends()
+        return sorted(backends, key=lambda n: (-getattr(backends[n], "priority", 0), n))
+
+    def create_backend(
+        self, name: str | None = None, device: str | None = None, dtype: str | None = None
+    ) -> Any:
+        """Create a backend by name; with no name, the first in preference that can run here."""
+        if name is not None:
+            return self.get("backend", name).create(device, dtype)
+        backends = self.backends()
+        for candidate in self.backend_preference():
+            try:
+                return backends[candidate].create(device, dtype)
+            except UnknownBackendError:
+                continue
+        raise UnknownBackendError(
+            "no usable backend is installed; install torch or enable the numpy backend"
+        )
