@@ -25,9 +25,9 @@ from pathlib import Path
 
 from tessera.contract.spec import SpecParams
 from tessera.engine.context import Context, ContextParams
+from tessera.engine.drafting import create_decoder
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
-from tessera.engine.speculative import SpecStats, create_decoder, generate_speculative
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
 
@@ -57,16 +57,8 @@ def run_config(ctx, tok, prompts, n, name, decoder, params):
     for text in prompts:
         prompt = tok.encode(text, add_special=True)
         sampler = Sampler(SamplerParams(temperature=0.0))
-        if decoder is None:
-            stats = GenerationStats()
-            tokens = list(generate(ctx, prompt, n, sampler, eog_ids=frozenset(), stats=stats))
-        else:
-            stats = SpecStats()
-            tokens = list(
-                generate_speculative(
-                    ctx, prompt, n, sampler, decoder, params, eog_ids=frozenset(), stats=stats
-                )
-            )
+        stats = GenerationStats()
+        tokens = list(generate(ctx, prompt, n, sampler, decoder=decoder, spec=params, stats=stats))
         results.append((tokens, stats))
     return results
 
@@ -87,10 +79,9 @@ def bench(ctx, tok, prompts, n, configs, rounds):
                 t = totals[name]
                 t["tokens"] += stats.n_generated
                 t["t"] += stats.t_generate
-                if isinstance(stats, SpecStats):
-                    t["drafted"] += stats.n_drafted
-                    t["accepted"] += stats.n_accepted
-                    t["verify"] += stats.n_verify
+                t["drafted"] += stats.n_drafted
+                t["accepted"] += stats.n_accepted
+                t["verify"] += stats.n_verify
     identical = {
         name: all(outputs[(name, r, x)] == outputs[("none", r, x)] for (_, r, x) in outputs)
         for name, _, _ in configs

@@ -206,7 +206,7 @@ def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) 
     ``-md``), raise :class:`tessera.errors.TesseraError` with a sentence naming what is
     missing and the way out.
 
-    The core's loop (:func:`tessera.engine.speculative.generate_speculative`) calls
+    The core's loop (:func:`tessera.engine.generate.generate` with a ``decoder``) calls
     ``decoder.begin(prompt, seq_id)`` once the prompt is in the target's cache, then
     before each target batch ``decoder.draft(history, n_max) ->``
     :class:`tessera.contract.spec.Draft` (at most ``n_max`` tokens; with their proposal

@@ -1,6 +1,6 @@
 """What a speculative-decoder plugin registers, and the base class of its drafters.
 
-A speculative decoder proposes a few next tokens cheaply; :mod:`tessera.engine.speculative`
+A speculative decoder proposes a few next tokens cheaply; :mod:`tessera.engine.generate`
 checks them against the target model in one batch and keeps the longest prefix the
 target agrees with. A plugin registers a :class:`SpecDecoderInfo` through the
 ``tessera_register_spec_decoders`` hook; its ``create(target, params, runtime)`` returns a
@@ -86,7 +86,7 @@ class SpecDecoder(ABC):
     #: True when drafting costs next to nothing (a lookup): the loop then always asks for
     #: ``--draft-max`` tokens, since only the adaptive length's savings are in drafting.
     cheap_drafts: bool = False
-    #: The generation loop's :class:`tessera.engine.speculative.SpecGovernor` for this drafter,
+    #: The generation loop's :class:`tessera.engine.drafting.SpecGovernor` for this drafter,
     #: kept across generations so that what it measured (does drafting pay?) carries over.
     governor: Any = None
 

@@ -6,7 +6,7 @@ rows. A prompt chunk asks for an output only on the prompt's last token, so the 
 buffer holds one row per slot that samples this step.
 
 With speculative decoding on, a generating slot's rows are ``[pending, d_1 .. d_k]``
-(its drafter's proposal), all with outputs; :func:`tessera.engine.speculative.accept_draft`
+(its drafter's proposal), all with outputs; :func:`tessera.engine.verify.accept_draft`
 keeps the prefix the target agrees with plus one token of its own, and the cells of the
 rejected drafts leave the cache, so the slot ends exactly as plain decoding would leave
 it. Requests with a JSON constraint or logprobs are decoded plainly.
@@ -29,14 +29,12 @@ import numpy as np
 from tessera.contract.spec import Draft
 from tessera.engine.batch import Batch
 from tessera.engine.slot_types import TokenEvent
-from tessera.engine.speculative import accept_draft
+from tessera.engine.verify import NO_DRAFT, accept_draft
 
 if TYPE_CHECKING:
     from tessera.engine.slots import Slot, SlotEngine
 
 log = logging.getLogger("tessera.slots")
-
-_NO_DRAFT = Draft(())
 
 
 @attrs.define
@@ -44,7 +42,7 @@ class _Entry:
     slot: Slot
     tokens: list[int]
     output: bool  # logits for the last row (prompt chunks, plain decode)
-    draft: Draft = _NO_DRAFT  # logits for every row: [pending, *draft.tokens]
+    draft: Draft = NO_DRAFT  # logits for every row: [pending, *draft.tokens]
 
 
 def step(engine: SlotEngine) -> None:
@@ -125,18 +123,10 @@ def _plan(engine: SlotEngine) -> list[_Entry]:
 def _draft(engine: SlotEngine, slot: Slot, room: int) -> Draft:
     """The drafter's proposal for ``slot``, within ``room`` rows, the context, max_tokens."""
     req = slot.task.request
-    n_max = min(slot.draft_length.next(), room, engine.ctx.n_ctx - len(slot.cache_tokens) - 2)
+    room = min(room, engine.ctx.n_ctx - len(slot.cache_tokens) - 2)
     if req.max_tokens >= 0:
-        n_max = min(n_max, req.max_tokens - slot.n_generated - 1)
-    if n_max <= 0:
-        return _NO_DRAFT
-    if not slot.drafter_started:
-        slot.drafter.begin(slot.prompt, slot.id)
-        slot.drafter_started = True
-    draft = slot.drafter.draft(slot.history, n_max)
-    if len(draft) < max(engine.spec.params.draft_min, 1):
-        return _NO_DRAFT
-    return Draft(draft.tokens[:n_max], None if draft.probs is None else draft.probs[:n_max])
+        room = min(room, req.max_tokens - slot.n_generated - 1)
+    return slot.drafter.propose(slot.history, room)
 
 
 def _verify(engine: SlotEngine, slot: Slot, entry: _Entry, rows: np.ndarray) -> None:
@@ -150,7 +140,7 @@ def _verify(engine: SlotEngine, slot: Slot, entry: _Entry, rows: np.ndarray) -> 
     slot.pending = None
     engine.metrics.n_drafted += len(draft)
     engine.metrics.n_draft_accepted += n_accepted
-    slot.draft_length.update(len(draft), n_accepted)
+    slot.drafter.verified(len(draft), n_accepted)
     for token in tokens:
         if not _emit(engine, slot, TokenEvent(token)):
             return

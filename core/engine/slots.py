@@ -28,6 +28,7 @@ import numpy as np
 
 from tessera.contract.spec import SpecParams
 from tessera.engine.context import Context
+from tessera.engine.drafting import Drafter
 from tessera.engine.prompt_cache import MIN_TOKENS, PromptStore, common_prefix
 from tessera.engine.sampling import Sampler
 from tessera.engine.scheduler import step
@@ -41,7 +42,6 @@ from tessera.engine.slot_types import (
     Task,
     TokenEvent,
 )
-from tessera.engine.speculative import DraftLength
 from tessera.errors import ContextOverflowError, TesseraError
 
 log = logging.getLogger("tessera.slots")
@@ -86,12 +86,10 @@ class Slot:
     history: list[int] = attrs.field(factory=list)
     t_start: float = 0.0
     t_first: float | None = None
-    #: This slot's drafter (made on first use, kept across requests) and, while a
-    #: request speculates, the same object in ``drafter`` with its draft length.
+    #: This slot's spec decoder (made on first use, kept across requests) and, while a
+    #: request speculates, the :class:`~tessera.engine.drafting.Drafter` around it.
     spec_decoder: Any = None
-    drafter: Any = None
-    drafter_started: bool = False
-    draft_length: Any = None
+    drafter: Drafter | None = None
 
     @property
     def state(self) -> str:
@@ -400,8 +398,10 @@ class SlotEngine:
         if self.spec is not None and slot.constraint is None and req.logprobs is None:
             if slot.spec_decoder is None:
                 slot.spec_decoder = self.spec.create()
-            slot.drafter, slot.drafter_started = slot.spec_decoder, False
-            slot.draft_length = DraftLength(self.spec.params.draft_max, self.spec.params.adaptive)
+            params = self.spec.params
+            slot.drafter = Drafter(
+                slot.spec_decoder, params, req.prompt, slot.id, n_max=params.draft_max
+            )
         self.metrics.n_prompt_tokens_cached += n_past
 
     def _use_prompt_store(self, slot: Slot, prompt: Sequence[int], n_past: int) -> int:

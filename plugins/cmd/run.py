@@ -155,22 +155,20 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
 
     stats = GenerationStats()
     decoder = StreamDecoder(tok)
-    generation = generate
+    spec, spec_params = None, None
     if spec_type is not None:
-        from tessera.engine.speculative import SpecStats, create_decoder, generate_speculative
+        from tessera.engine.drafting import create_decoder
 
         spec_params = spec_params_from_args(args)
         spec = create_decoder(runtime, spec_type, ctx, spec_params)
-        stats = SpecStats()
 
-        def generation(*a: Any, **kw: Any) -> Any:
-            return generate_speculative(*a[:4], spec, spec_params, **kw)
-
-    tokens = generation(
+    tokens = generate(
         ctx,
         prompt,
         args.n_predict,
         sampler,
+        decoder=spec,
+        spec=spec_params,
         eog_ids=tok.eog_ids,
         stats=stats,
         n_past=n_past,

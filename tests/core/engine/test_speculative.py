@@ -13,16 +13,10 @@ import pytest
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecParams
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.generate import generate
+from tessera.engine.drafting import DraftLength, SpecGovernor, create_decoder
+from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
-from tessera.engine.speculative import (
-    DraftLength,
-    SpecGovernor,
-    SpecStats,
-    accept_draft,
-    create_decoder,
-    generate_speculative,
-)
+from tessera.engine.verify import accept_draft
 from tessera.errors import TesseraError
 from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
@@ -92,9 +86,9 @@ def test_greedy_output_equals_plain_decoding(spec_type, draft_file, files, model
     for i, prompt in enumerate(prompts(model.n_vocab, 6)):
         n = (7, 20, 33)[i % 3]
         want = plain_tokens(ctx, prompt, n)
-        stats = SpecStats()
+        stats = GenerationStats()
         got = list(
-            generate_speculative(ctx, prompt, n, Sampler(GREEDY), decoder, params, stats=stats)
+            generate(ctx, prompt, n, Sampler(GREEDY), decoder=decoder, spec=params, stats=stats)
         )
         assert got == want, f"prompt {i}"
         assert stats.n_generated == len(want)
@@ -131,15 +125,15 @@ def test_eog_inside_a_draft_stops_like_plain_decoding(model):
     kv_plain = (ctx.kv.pos.copy(), ctx.kv.seqs.copy())
     # the drafter knows the text beyond the EOG token and proposes all of it
     drafter = ScriptedDrafter([*full, *full], n_prompt=len(prompt))
-    stats = SpecStats()
+    stats = GenerationStats()
     got = list(
-        generate_speculative(
+        generate(
             ctx,
             prompt,
             40,
             Sampler(GREEDY),
-            drafter,
-            SpecParams(draft_max=8),
+            decoder=drafter,
+            spec=SpecParams(draft_max=8),
             eog_ids=eog,
             stats=stats,
         )
@@ -159,7 +153,7 @@ def test_drafts_up_to_the_context_limit(model, wrong):
     assert len(want) == 40 - len(prompt)
     drafter = ScriptedDrafter([*want, *want], wrong=wrong, n_prompt=len(prompt))
     got = list(
-        generate_speculative(ctx, prompt, -1, Sampler(GREEDY), drafter, SpecParams(draft_max=16))
+        generate(ctx, prompt, -1, Sampler(GREEDY), decoder=drafter, spec=SpecParams(draft_max=16))
     )
     assert got == want
 
@@ -178,7 +172,7 @@ def test_rollback_leaves_the_cache_as_plain_decoding(spec_type, files, model, ru
     # a draft that is partly right: the target's own greedy chain cut short by p_min
     params = SpecParams(model_draft=str(files["target"]), draft_max=6, p_min=0.0)
     decoder = create_decoder(runtime, spec_type, ctx, params)
-    list(generate_speculative(ctx, prompt, 30, Sampler(GREEDY), decoder, params))
+    list(generate(ctx, prompt, 30, Sampler(GREEDY), decoder=decoder, spec=params))
     np.testing.assert_array_equal(ctx.kv.pos, plain.kv.pos)
     np.testing.assert_array_equal(ctx.kv.seqs, plain.kv.seqs)
     used = np.flatnonzero(plain.kv.seqs)
@@ -192,15 +186,15 @@ def test_rollback_with_scripted_rejections(model):
     want = plain_tokens(plain, prompt, 25)
     ctx = Context(model, ContextParams(n_ctx=64))
     drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))  # every draft half wrong
-    stats = SpecStats()
+    stats = GenerationStats()
     got = list(
-        generate_speculative(
+        generate(
             ctx,
             prompt,
             25,
             Sampler(GREEDY),
-            drafter,
-            SpecParams(draft_max=6, adaptive=False),
+            decoder=drafter,
+            spec=SpecParams(draft_max=6, adaptive=False),
             stats=stats,
         )
     )
@@ -275,9 +269,9 @@ def test_sampled_tokens_follow_the_target_distribution(files, model, runtime):
     decoder = create_decoder(runtime, "draft", ctx, params)
     sampler = Sampler(sp)
     counts: Counter = Counter()
-    stats = SpecStats()
+    stats = GenerationStats()
     for _ in range(600):
-        out = tuple(generate_speculative(ctx, prompt, 3, sampler, decoder, params, stats=stats))
+        out = tuple(generate(ctx, prompt, 3, sampler, decoder=decoder, spec=params, stats=stats))
         counts[out] += 1
     assert 0 < stats.n_accepted < stats.n_drafted  # drafts were both kept and rejected
     stat, df = chi2_stat(counts, expected)
@@ -357,11 +351,11 @@ def test_governor_stops_a_losing_drafter_without_changing_tokens(model, adaptive
     ctx = Context(model, ContextParams(n_ctx=96))
     prompt = prompts(model.n_vocab, 1, seed=5)[0]
     want = plain_tokens(ctx, prompt, 40)
-    stats = SpecStats()
+    stats = GenerationStats()
     params = SpecParams(draft_max=4, adaptive=adaptive)
     got = list(
-        generate_speculative(
-            ctx, prompt, 40, Sampler(GREEDY), SlowWrongDrafter(), params, stats=stats
+        generate(
+            ctx, prompt, 40, Sampler(GREEDY), decoder=SlowWrongDrafter(), spec=params, stats=stats
         )
     )
     assert got == want
@@ -377,10 +371,16 @@ def test_adaptive_switch_off_gives_the_same_tokens(model, monkeypatch):
     want = plain_tokens(ctx, prompt, 20)
     monkeypatch.setenv("TESSERA_SPEC_ADAPTIVE", "0")
     drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))
-    stats = SpecStats()
+    stats = GenerationStats()
     got = list(
-        generate_speculative(
-            ctx, prompt, 20, Sampler(GREEDY), drafter, SpecParams(draft_max=4), stats=stats
+        generate(
+            ctx,
+            prompt,
+            20,
+            Sampler(GREEDY),
+            decoder=drafter,
+            spec=SpecParams(draft_max=4),
+            stats=stats,
         )
     )
     assert got == want
@@ -413,10 +413,16 @@ def test_cheap_drafters_keep_the_full_draft_length(model):
     want = plain_tokens(ctx, prompt, 20)
     drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))
     drafter.cheap_drafts = True
-    stats = SpecStats()
+    stats = GenerationStats()
     got = list(
-        generate_speculative(
-            ctx, prompt, 20, Sampler(GREEDY), drafter, SpecParams(draft_max=4), stats=stats
+        generate(
+            ctx,
+            prompt,
+            20,
+            Sampler(GREEDY),
+            decoder=drafter,
+            spec=SpecParams(draft_max=4),
+            stats=stats,
         )
     )
     assert got == want

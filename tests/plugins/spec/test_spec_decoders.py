@@ -9,7 +9,7 @@ import pytest
 
 from tessera.contract.spec import SpecParams
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.speculative import create_decoder
+from tessera.engine.drafting import create_decoder
 from tessera.errors import TesseraError
 from tessera.files.gguf import read_gguf
 from tessera.files.gguf_writer import write_gguf

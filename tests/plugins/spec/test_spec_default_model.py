@@ -7,9 +7,9 @@ import pytest
 
 from tessera.contract.spec import SpecParams
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.generate import generate
+from tessera.engine.drafting import create_decoder
+from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
-from tessera.engine.speculative import SpecStats, create_decoder, generate_speculative
 from tessera.files.gguf import read_gguf
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
@@ -45,8 +45,10 @@ def test_trained_drafters_are_lossless_and_accepted(spec_type, runtime):
     want = list(generate(ctx, prompt, 40, Sampler(greedy)))
     params = SpecParams(model_draft=str(DRAFT), draft_max=4, p_min=0.0)
     decoder = create_decoder(runtime, spec_type, ctx, params)
-    stats = SpecStats()
-    got = list(generate_speculative(ctx, prompt, 40, Sampler(greedy), decoder, params, stats=stats))
+    stats = GenerationStats()
+    got = list(
+        generate(ctx, prompt, 40, Sampler(greedy), decoder=decoder, spec=params, stats=stats)
+    )
     decoder.close()
     assert got == want
     # random heads are accepted ~1/4096 of the time; the trained ones far more often

@@ -9,7 +9,7 @@ import pytest
 from tessera.contract.spec import SpecParams
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.speculative import create_decoder
+from tessera.engine.drafting import create_decoder
 from tessera.files.gguf import read_gguf
 from tessera.files.gguf_writer import write_gguf
 from tessera.files.load import load_model
@@ -101,7 +101,6 @@ def test_plain_decodes_between_speculative_runs_do_not_confuse_the_head(mtp_file
     with the same model in between (a server mixing requests) must not shift them."""
     from tessera.engine.generate import generate
     from tessera.engine.sampling import Sampler, SamplerParams
-    from tessera.engine.speculative import generate_speculative
 
     model = load_model(mtp_file, runtime, "numpy")
     ctx = Context(model, ContextParams(n_ctx=64))
@@ -110,7 +109,7 @@ def test_plain_decodes_between_speculative_runs_do_not_confuse_the_head(mtp_file
     greedy = SamplerParams(temperature=0.0)
     for prompt in ([4, 8, 15, 16], [23, 42, 4, 8, 15, 16, 23]):
         want = list(generate(ctx, prompt, 12, Sampler(greedy)))
-        got = generate_speculative(ctx, prompt, 12, Sampler(greedy), decoder, params)
+        got = generate(ctx, prompt, 12, Sampler(greedy), decoder=decoder, spec=params)
         assert list(got) == want
         h = decoder.h[: len(prompt)].copy()
         ctx.kv.clear()
