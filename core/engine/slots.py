@@ -14,114 +14,38 @@ cache). Slot state can be written to a file and read back (:meth:`SlotEngine.sav
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
-import attrs
 import numpy as np
 
-from tessera.contract.spec import SpecParams
 from tessera.engine.context import Context
 from tessera.engine.drafting import Drafter
 from tessera.engine.prompt_cache import MIN_TOKENS, PromptStore, common_prefix
 from tessera.engine.sampling import Sampler
-from tessera.engine.scheduler import step
+from tessera.engine.scheduler import Event, Finish, Scheduler
+from tessera.engine.slot_files import SlotFiles
 from tessera.engine.slot_types import (
     EngineBusyError,
-    FinishEvent,
+    EngineMetrics,
     GenerationRequest,
-    SlotBusyError,
-    SlotError,
-    SlotNotFoundError,
+    Slot,
+    SlotSpec,
     Task,
     TokenEvent,
+    finish_event,
+    validate_request,
 )
-from tessera.errors import ContextOverflowError, TesseraError
+from tessera.errors import TesseraError
 
 log = logging.getLogger("tessera.slots")
 
 
-@attrs.define
-class EngineMetrics:
-    """Counters since start (read by /metrics; plain ints, written by the engine thread)."""
-
-    requests_total: int = 0
-    requests_finished: int = 0
-    requests_rejected: int = 0
-    n_prompt_tokens: int = 0  # evaluated
-    n_prompt_tokens_cached: int = 0  # reused from a slot's cache
-    n_tokens_predicted: int = 0
-    n_decode_calls: int = 0
-    n_batch_rows: int = 0
-    t_prompt_ms: float = 0.0
-    t_generate_ms: float = 0.0
-    n_prompt_store_saved: int = 0
-    n_prompt_store_restored: int = 0
-    n_drafted: int = 0
-    n_draft_accepted: int = 0
-
-
-@attrs.define(eq=False)
-class Slot:
-    """One parallel sequence: its cached tokens and, while busy, its request's state."""
-
-    id: int
-    #: Tokens whose K/V the cache holds for this sequence, at positions 0, 1, ...
-    cache_tokens: list[int] = attrs.field(factory=list)
-    last_used: float = 0.0
-    task: Task | None = None
-    prompt: tuple[int, ...] = ()
-    n_done: int = 0  # prompt tokens in the cache (cached or evaluated)
-    n_cached: int = 0
-    pending: int | None = None  # the last sampled token, not yet evaluated
-    n_generated: int = 0
-    sampler: Sampler | None = None
-    constraint: Any = None
-    history: list[int] = attrs.field(factory=list)
-    t_start: float = 0.0
-    t_first: float | None = None
-    #: This slot's spec decoder (made on first use, kept across requests) and, while a
-    #: request speculates, the :class:`~tessera.engine.drafting.Drafter` around it.
-    spec_decoder: Any = None
-    drafter: Drafter | None = None
-
-    @property
-    def state(self) -> str:
-        if self.task is None:
-            return "idle"
-        return "generating" if self.pending is not None else "prompt"
-
-
-@attrs.frozen
-class SlotSpec:
-    """Speculative decoding in the slots: ``create()`` makes one drafter
-    (:class:`tessera.contract.spec.SpecDecoder`) per slot, bound to the engine's context."""
-
-    name: str
-    params: SpecParams
-    create: Callable[[], Any] = attrs.field(eq=False)
-
-
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-
-def slot_file_path(directory: str | Path, filename: str) -> Path:
-    """``directory / filename`` for a slot file, refusing anything but a plain file name."""
-    if not isinstance(filename, str) or not _SAFE_NAME.fullmatch(filename) or ".." in filename:
-        raise SlotError(
-            f"invalid slot file name {filename!r}: use 1-200 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit, with no path separators or '..'"
-        )
-    return Path(directory) / filename
-
-
-class SlotEngine:
+class SlotEngine(SlotFiles):
     """Runs requests in the slots of ``ctx`` on one background thread."""
 
     def __init__(
@@ -137,6 +61,7 @@ class SlotEngine:
         self.eog_ids = np.array(sorted(eog_ids), dtype=np.int64)
         self.max_queue = max_queue
         self.metrics = EngineMetrics()
+        self.scheduler = Scheduler(ctx, self.eog_ids, self.metrics)
         self.spec = spec
         #: Where a slot's cache goes before another request overwrites it (None: off).
         self.prompt_store = PromptStore(prompt_store_bytes) if prompt_store_bytes > 0 else None
@@ -168,7 +93,7 @@ class SlotEngine:
         Raises :class:`ContextOverflowError` for a prompt that cannot fit and
         :class:`EngineBusyError` when the wait queue is full.
         """
-        self._validate(request)
+        validate_request(request, self.ctx.n_ctx, self.ctx.model.n_vocab, len(self.slots))
         with self._cv:
             idle = sum(1 for s in self.slots if s.task is None)
             if len(self._queue) >= self.max_queue + idle:
@@ -199,102 +124,7 @@ class SlotEngine:
         return len(self._queue)
 
     def slots_info(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": s.id,
-                "state": s.state,
-                "is_processing": s.task is not None,
-                "id_task": None if s.task is None else s.task.id,
-                "n_cached_tokens": len(s.cache_tokens),
-                "n_prompt": len(s.prompt) if s.task else 0,
-                "n_generated": s.n_generated if s.task else 0,
-            }
-            for s in self.slots
-        ]
-
-    def save_slot(self, id_slot: int, path: Path) -> dict[str, Any]:
-        """Write slot ``id_slot``'s cached tokens and K/V to ``path`` (atomically)."""
-
-        def work() -> dict[str, Any]:
-            slot = self._idle_slot(id_slot, "saved")
-            t0 = time.perf_counter()
-            self.ctx.save_state(path, seq_id=slot.id, tokens=slot.cache_tokens)
-            return {
-                "id_slot": slot.id,
-                "filename": path.name,
-                "n_saved": len(slot.cache_tokens),
-                "n_written": path.stat().st_size,
-                "timings": {"save_ms": (time.perf_counter() - t0) * 1e3},
-            }
-
-        return self.call(work)
-
-    def restore_slot(self, id_slot: int, path: Path) -> dict[str, Any]:
-        """Replace slot ``id_slot``'s cache with the state saved in ``path``."""
-
-        def work() -> dict[str, Any]:
-            slot = self._idle_slot(id_slot, "restored")
-            if not path.is_file():
-                raise SlotNotFoundError(f"no slot file named {path.name!r}; save one first")
-            t0 = time.perf_counter()
-            tokens = self.ctx.load_state(path, seq_id=slot.id)
-            slot.cache_tokens = list(tokens)
-            slot.last_used = time.monotonic()
-            return {
-                "id_slot": slot.id,
-                "filename": path.name,
-                "n_restored": len(tokens),
-                "n_read": path.stat().st_size,
-                "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3},
-            }
-
-        return self.call(work)
-
-    def erase_slot(self, id_slot: int) -> dict[str, Any]:
-        """Drop slot ``id_slot``'s cached tokens and free their cells."""
-
-        def work() -> dict[str, Any]:
-            slot = self._idle_slot(id_slot, "erased")
-            n = len(slot.cache_tokens)
-            self.ctx.kv.seq_rm(slot.id, 0)
-            slot.cache_tokens = []
-            return {"id_slot": slot.id, "n_erased": n}
-
-        return self.call(work)
-
-    # -- validation -------------------------------------------------------------------
-
-    def _validate(self, request: GenerationRequest) -> None:
-        n_ctx, n_prompt = self.ctx.n_ctx, len(request.prompt)
-        if n_prompt == 0:
-            raise TesseraError("the prompt is empty; give at least one token")
-        if n_prompt >= n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {n_prompt} tokens but the context holds {n_ctx} (and needs "
-                "room for at least one generated token); shorten the prompt or start the "
-                "server with a larger context (-c)"
-            )
-        n_vocab = self.ctx.model.n_vocab
-        if min(request.prompt) < 0 or max(request.prompt) >= n_vocab:
-            raise TesseraError(f"prompt token ids must be in [0, {n_vocab})")
-        if not -1 <= request.id_slot < len(self.slots):
-            raise SlotError(
-                f"id_slot {request.id_slot} does not exist; this server has slots "
-                f"0..{len(self.slots) - 1} (or -1 for any)"
-            )
-
-    def _idle_slot(self, id_slot: int, action: str) -> Slot:
-        if not 0 <= id_slot < len(self.slots):
-            raise SlotNotFoundError(
-                f"slot {id_slot} does not exist; this server has slots 0..{len(self.slots) - 1}"
-            )
-        slot = self.slots[id_slot]
-        if slot.task is not None:
-            raise SlotBusyError(
-                f"slot {id_slot} is processing a request and cannot be {action} now; "
-                "wait for it to finish"
-            )
-        return slot
+        return [s.info() for s in self.slots]
 
     # -- the loop (engine thread) -----------------------------------------------------
 
@@ -320,15 +150,37 @@ class SlotEngine:
             self._reap_cancelled()
             self._admit()
             if any(s.task is not None for s in self.slots):
-                step(self)
+                self._step()
         self._shutdown()
+
+    def _step(self) -> None:
+        """One decode step over every busy slot."""
+        plan = self.scheduler.schedule(self.slots)
+        self._apply(plan.events)
+        if plan.batch is None:
+            return
+        try:
+            logits = self.ctx.decode(plan.batch)
+        except Exception as exc:  # the cache is unchanged (decode releases its cells)
+            log.exception("decode failed")
+            for slot in plan.slots:
+                self.finish(slot, "error", f"decoding failed: {exc}")
+            return
+        self._apply(self.scheduler.postprocess(plan, logits))
+
+    def _apply(self, events: list[Event]) -> None:
+        for slot, event in events:
+            if isinstance(event, Finish):
+                self.finish(slot, event.reason, event.error)
+            else:
+                self.emit_token(slot, event)
 
     def _shutdown(self) -> None:
         with self._cv:
             queued, self._queue = list(self._queue), deque()
             controls, self._controls = list(self._controls), deque()
         for task in queued:
-            self._emit(task, self._finish_event(None, task, "cancelled"))
+            self._emit(task, finish_event(None, task, "cancelled"))
         for slot in self.slots:
             if slot.task is not None:
                 self.finish(slot, "cancelled")
@@ -349,7 +201,7 @@ class SlotEngine:
             for task in gone:
                 self._queue.remove(task)
         for task in gone:
-            self._emit(task, self._finish_event(None, task, "cancelled"))
+            self._emit(task, finish_event(None, task, "cancelled"))
 
     def _admit(self) -> None:
         with self._cv:
@@ -422,28 +274,12 @@ class SlotEngine:
 
     # -- events -----------------------------------------------------------------------
 
-    def _finish_event(self, slot: Slot | None, task: Task, reason: str, error: str | None = None):
-        if slot is None:
-            return FinishEvent(reason, len(task.request.prompt), 0, 0, 0.0, 0.0, -1, error)
-        now = time.perf_counter()
-        t_first = slot.t_first if slot.t_first is not None else now
-        return FinishEvent(
-            reason=reason,
-            n_prompt=len(slot.prompt),
-            n_cached=slot.n_cached,
-            n_generated=slot.n_generated,
-            t_prompt_ms=(t_first - slot.t_start) * 1e3,
-            t_generate_ms=(now - t_first) * 1e3,
-            id_slot=slot.id,
-            error=error,
-        )
-
     def finish(self, slot: Slot, reason: str, error: str | None = None) -> None:
         """End the slot's request with ``reason``; the slot keeps its cached tokens."""
         task = slot.task
         if task is None:
             return
-        event = self._finish_event(slot, task, reason, error)
+        event = finish_event(slot, task, reason, error)
         self.metrics.requests_finished += 1
         self.metrics.t_prompt_ms += event.t_prompt_ms
         self.metrics.t_generate_ms += event.t_generate_ms

@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
 from tessera.contract.routes import ApiError
+from tessera.engine.slot_files import slot_file_path
 from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
-from tessera.engine.slots import slot_file_path
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState
 

@@ -13,6 +13,7 @@ from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
 from tessera.engine.prompt_cache import common_prefix
 from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.engine.slot_files import slot_file_path
 from tessera.engine.slot_types import (
     EngineBusyError,
     FinishEvent,
@@ -22,7 +23,7 @@ from tessera.engine.slot_types import (
     SlotNotFoundError,
     TokenEvent,
 )
-from tessera.engine.slots import SlotEngine, slot_file_path
+from tessera.engine.slots import SlotEngine
 from tessera.errors import ContextOverflowError
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
