@@ -202,7 +202,7 @@ def check_case(backend: Backend, case: Case, runtime: Any) -> None:
 
 def conformance_cases(runtime: Any) -> list[Case]:
     """Every case, including matmul/get_rows for each quant type the runtime has."""
-    from tessera.testing.conformance import ops as conformance_ops
+    from tessera.testing.conformance.cases import all_cases
 
     qtypes = sorted(runtime.quant_types().values(), key=lambda q: q.name)
-    return conformance_ops.all_cases(qtypes)
+    return all_cases(qtypes)

@@ -1,0 +1,72 @@
+"""Conformance cases of the elementwise ops: ``add`` / ``mul`` with broadcasting, ``scale``,
+the activations and ``swiglu``."""
+
+from __future__ import annotations
+
+from tessera.testing.conformance.arrays import normal
+from tessera.testing.conformance.kit import Case
+
+
+def elementwise_cases() -> list[Case]:
+    shapes = {
+        "same": ((7, 64), (7, 64)),
+        "row": ((7, 64), (64,)),
+        "col": ((7, 64), (7, 1)),
+        "heads": ((7, 4, 16), (1, 4, 16)),
+    }
+    cases = []
+    for op in ("add", "mul"):
+        for kind, (sa, sb) in shapes.items():
+            cases.append(
+                Case(
+                    f"{op}-{kind}-{'x'.join(map(str, sa))}-by-{'x'.join(map(str, sb))}",
+                    op,
+                    {"shape_a": sa, "shape_b": sb},
+                    lambda rng, sa=sa, sb=sb: {"a": normal(rng, *sa), "b": normal(rng, *sb)},
+                    lambda b, a, op=op: getattr(b, op)(a["a"], a["b"]),
+                    sa,
+                )
+            )
+    cases.append(
+        Case(
+            "scale-T7-E64-s0.125",
+            "scale",
+            {"s": 0.125},
+            lambda rng: {"x": normal(rng, 7, 64)},
+            lambda b, a: b.scale(a["x"], 0.125),
+            (7, 64),
+        )
+    )
+    for op in ("silu", "gelu", "gelu_erf"):
+        cases.append(
+            Case(
+                f"{op}-T7-E64",
+                op,
+                {},
+                lambda rng: {"x": normal(rng, 7, 64, scale=3.0)},
+                lambda b, a, op=op: getattr(b, op)(a["x"]),
+                (7, 64),
+            )
+        )
+    cases.append(
+        Case(
+            "swiglu-T7-E64",
+            "swiglu",
+            {},
+            lambda rng: {"g": normal(rng, 7, 64, scale=3.0), "u": normal(rng, 7, 64)},
+            lambda b, a: b.swiglu(a["g"], a["u"]),
+            (7, 64),
+        )
+    )
+    return cases
+
+
+def tanh_case() -> Case:
+    return Case(
+        "tanh-T7-E64",
+        "tanh",
+        {},
+        lambda rng: {"x": normal(rng, 7, 64, scale=3.0)},
+        lambda b, a: b.tanh(a["x"]),
+        (7, 64),
+    )
