@@ -208,7 +208,7 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4
     """A Q4_0 weight over the GGUF bytes; packed into torch's int4 layout on the backend's
     device at load only when no native kernel serves decode (else on first int4 use)."""
 
-    from tessera.backends.native.kernels import probe as native_probe
+    from tessera.backends.native.probe import probe as native_probe
 
     device, dtype = backend.torch_device, backend.torch_dtype
     mm = int4_ops(device.type)[1]

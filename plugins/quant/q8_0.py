@@ -180,7 +180,7 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
     """Split GGUF Q8_0 bytes into device tensors of codes and scales (and the int4 pair)."""
     import torch
 
-    from tessera.backends.native.kernels import probe as native_probe
+    from tessera.backends.native.probe import probe as native_probe
     from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
 
     n_out = raw.shape[0]

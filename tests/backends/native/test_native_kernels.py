@@ -1,4 +1,4 @@
-"""The native Q8_0/Q4_0 decode kernels (tessera.backends.native.kernels): against numpy in
+"""The native Q8_0/Q4_0 decode kernels (tessera.backends.native): against numpy in
 float64, their probe and fallbacks, and a model's greedy text against the numpy backend.
 
 Tolerance: the kernels round each activation block of 32 to int8 (scale max|x| / 127), so
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from tessera.backends.native import kernels as native_gemv
+from tessera.backends.native import kernels, library, selftest
+from tessera.backends.native import probe as native_probe
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
@@ -41,11 +42,11 @@ def backend(dtype="bf16"):
 
 @pytest.fixture(scope="module")
 def native():
-    gemv = native_gemv.probe(backend())
+    gemv = native_probe.probe(backend())
     if gemv is None:
-        reason = native_gemv.status(backend()).reason
+        reason = native_probe.status(backend()).reason
         cc = os.environ.get("CC", "").strip() or "cc"
-        if native_gemv.cpu_supported(native_gemv.cpu_flags()) and shutil.which(cc):
+        if library.cpu_supported(library.cpu_flags()) and shutil.which(cc):
             # the kernels can exist here, so a failed build or self-test is a failure
             pytest.fail(f"native kernels failed on a CPU and compiler that support them: {reason}")
         # Real skip: without VNNI or a C compiler the kernels cannot exist on this machine
@@ -90,7 +91,7 @@ def test_kernel_matches_numpy_within_the_int8_activation_bound(
     finally:
         torch.set_num_threads(saved)
     want = x.astype(np.float64) @ dense.T
-    bound = native_gemv.error_bound(dense, x)
+    bound = selftest.error_bound(dense, x)
     assert got.dtype == np.float32 and got.shape == (rows, n_out)
     assert np.all(np.abs(got - want) <= bound)
     # and exactly what int8 activations give, up to float32 sums
@@ -101,14 +102,14 @@ def test_kernel_matches_numpy_within_the_int8_activation_bound(
 
 def test_the_256_bit_path_of_avx_vnni_cpus(native, tmp_path, monkeypatch):
     # the 512-bit kernels serve this CPU; built without AVX512, the AVX-VNNI path runs
-    if "avx_vnni" not in native_gemv.cpu_flags():
+    if "avx_vnni" not in library.cpu_flags():
         # Real skip: a 256-bit build needs AVX-VNNI to run; CPUs with AVX512-VNNI only cannot
         # test it (this project's machines have both)
         pytest.skip("this CPU has no AVX-VNNI")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    narrow = native_gemv.load(native_gemv.build(flags=native_gemv.CFLAGS + ("-mno-avx512f",)))
+    narrow = library.load(library.build(flags=library.CFLAGS + ("-mno-avx512f",)))
     assert narrow.lib.tsr_native_zmm() == 0 and native.lib.tsr_native_zmm() == 1
-    assert native_gemv.self_test(narrow, threads=2)
+    assert selftest.self_test(narrow, threads=2)
     rng = np.random.default_rng(9)
     for name in ("Q8_0", "Q4_0"):
         raw = weight_bytes(name, 19, 128, rng)
@@ -139,7 +140,7 @@ def test_half_precision_activations_in_and_out(native, dtype):
     assert got.dtype == dtype
     xs = x.float().numpy()
     want = xs.astype(np.float64) @ dense.T
-    bound = native_gemv.error_bound(dense, xs) + 2.0**-8 * np.abs(want)
+    bound = selftest.error_bound(dense, xs) + 2.0**-8 * np.abs(want)
     assert np.all(np.abs(got.float().numpy() - want) <= bound)
 
 
@@ -167,7 +168,7 @@ def test_torch_kernels_use_it_for_decode_and_the_switch_turns_it_off(native, nam
     off = backend()
     w_off = off.load_weight(raw, qt)
     assert w_off.native is None
-    assert native_gemv.status(off).reason == "disabled by TESSERA_NATIVE_DISABLE"
+    assert native_probe.status(off).reason == "disabled by TESSERA_NATIVE_DISABLE"
     for rows in (1, 5, 300):  # native on: decode rows native, prefill rows the torch path
         want = x[:rows].astype(np.float64) @ dense.T
         for b, w in ((on, w_on), (off, w_off)):
@@ -276,10 +277,10 @@ def test_attention_rows_kernel_matches_float64(native, threads, dtype, d, dv, n_
     torch.set_num_threads(threads)
     try:
         for mask in (allowed, None):
-            lists = native_gemv.RowLists(rows, q_rows, mask)
+            lists = kernels.RowLists(rows, q_rows, mask)
             got = native.attention_rows(q, k, v, lists, 0.2)
             assert got.dtype == dtype and got.shape == (3, h * dv)
-            want = native_gemv.attention_reference(qn, kn, vn, rows, q_rows, mask, 0.2)
+            want = selftest.attention_reference(qn, kn, vn, rows, q_rows, mask, 0.2)
             # float32 scores: relative 1e-5 of the largest |v|, plus the output's rounding
             bound = step * np.abs(want) + 2e-5 * np.abs(vn).max()
             assert np.all(np.abs(got.float().numpy() - want) <= bound)
@@ -292,7 +293,7 @@ def test_decode_attention_runs_natively_and_agrees_with_sdpa(native, dtype, monk
     """Decode over a real cache's row lists: the native kernel (its call seen) against the
     SDPA path it replaces (native off), within two roundings of the dtype; a prefill-sized
     ubatch keeps SDPA."""
-    from tessera.backends.torch import ops as torch_ops
+    from tessera.backends.torch import attention as torch_attention
     from tessera.engine.kv_cache import KVCache
 
     rng = np.random.default_rng(15)
@@ -302,7 +303,7 @@ def test_decode_attention_runs_natively_and_agrees_with_sdpa(native, dtype, monk
         cache.commit(cache.find_slot(n), np.arange(n), np.full(n, seq))
     k = rng.standard_normal((n_cells, h_kv, d)).astype(np.float32)
     v = rng.standard_normal((n_cells, h_kv, d)).astype(np.float32)
-    big = torch_ops.NATIVE_ATTENTION_QUERIES + 1
+    big = torch_attention.NATIVE_ATTENTION_QUERIES + 1
     # decode: seq 0's next token; prefill-sized: seq 1's last `big` tokens
     ubatches = {
         1: (np.array([149]), np.array([0])),
@@ -345,7 +346,7 @@ def test_matmul_n_kernel_matches_numpy_with_biases(native, name, threads):
             want = x.astype(np.float64) @ dense.T
             want[:, 37:42] += bias
             assert got.shape == (rows, 50)
-            assert np.all(np.abs(got - want) <= native_gemv.error_bound(dense, x))
+            assert np.all(np.abs(got - want) <= selftest.error_bound(dense, x))
             # each block equals the single-weight kernel's output (plus its bias)
             alone = native.matmul(name, raws[1], torch.from_numpy(x)).numpy() + bias
             np.testing.assert_allclose(got[:, 37:42], alone, rtol=1e-6, atol=1e-6)
@@ -400,21 +401,21 @@ def _spy(fn, calls):
 def test_f32_compute_keeps_the_exact_paths(monkeypatch):
     monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
     b = backend("f32")
-    assert native_gemv.probe(b) is None
-    assert "f32" in native_gemv.status(b).reason
+    assert native_probe.probe(b) is None
+    assert "f32" in native_probe.status(b).reason
 
 
 VNNI_CPU = {"avx2", "fma", "f16c", "avx512_vnni", "avx512vl"}
 
 
 def test_no_compiler_falls_back_to_the_torch_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: VNNI_CPU)  # get to the compiler
+    monkeypatch.setattr(library, "cpu_flags", lambda: VNNI_CPU)  # get to the compiler
     monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no library built before
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     b = backend()
-    assert native_gemv.probe(b) is None
-    assert native_gemv.status(b).reason.startswith("build or load failed")
+    assert native_probe.probe(b) is None
+    assert native_probe.status(b).reason.startswith("build or load failed")
     raw, qt = quantized_raw("Q4_0")
     w = b.load_weight(raw, qt)
     assert w.native is None and b.placements[-1][1] == "kernel Q4_0"
@@ -429,36 +430,36 @@ def test_failing_compiler_and_missing_cpu_flags_fall_back(tmp_path, monkeypatch)
     cc = tmp_path / "cc"
     cc.write_text('#!/bin/sh\n[ "$1" = --version ] && echo fake-cc 1 && exit 0\nexit 1\n')
     cc.chmod(0o755)
-    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: VNNI_CPU)
+    monkeypatch.setattr(library, "cpu_flags", lambda: VNNI_CPU)
     monkeypatch.delenv("TESSERA_NATIVE_DISABLE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", str(cc))
     b = backend()
-    assert native_gemv.probe(b) is None and "failed" in native_gemv.status(b).reason
+    assert native_probe.probe(b) is None and "failed" in native_probe.status(b).reason
     assert not [p for p in (tmp_path / "tessera" / "native").iterdir()]  # no temp file left
-    monkeypatch.setattr(native_gemv, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setattr(library, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
     b = backend()
-    assert native_gemv.probe(b) is None and "VNNI" in native_gemv.status(b).reason
+    assert native_probe.probe(b) is None and "VNNI" in native_probe.status(b).reason
 
 
 def test_a_library_that_dies_in_the_child_process_falls_back(native, tmp_path, monkeypatch):
     # as a build with instructions the CPU refuses would: SIGILL in the child, not here
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(native_gemv, "_SMOKE", "import os; os.kill(os.getpid(), 4)")
+    monkeypatch.setattr(library, "_SMOKE", "import os; os.kill(os.getpid(), 4)")
     b = backend()
-    assert native_gemv.probe(b) is None
-    assert "failed in a test process (exit -4)" in native_gemv.status(b).reason
+    assert native_probe.probe(b) is None
+    assert "failed in a test process (exit -4)" in native_probe.status(b).reason
     assert not list(tmp_path.rglob("*.ok"))
 
 
 def test_build_is_cached_and_written_whole(tmp_path, monkeypatch, native):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = native_gemv.build()
+    first = library.build()
     assert first.parent == tmp_path / "tessera" / "native" and first.suffix == ".so"
     mtime = first.stat().st_mtime_ns
-    assert native_gemv.build() == first and first.stat().st_mtime_ns == mtime
+    assert library.build() == first and first.stat().st_mtime_ns == mtime
     assert [p.name for p in first.parent.iterdir()] == [first.name]
-    assert native_gemv.self_test(native_gemv.load(first))
+    assert selftest.self_test(library.load(first))
 
 
 def quantized_raw(name, shape=(24, 64)):
@@ -479,13 +480,13 @@ def quantized_model(request, tmp_path_factory):
 
 def test_model_decode_matches_the_numpy_backend(native, quantized_model, monkeypatch):
     calls = []
-    original = native_gemv.NativeGemv.matmul
+    original = kernels.NativeGemv.matmul
 
     def counted(self, kind, w, x):
         calls.append(kind)
         return original(self, kind, w, x)
 
-    monkeypatch.setattr(native_gemv.NativeGemv, "matmul", counted)
+    monkeypatch.setattr(kernels.NativeGemv, "matmul", counted)
     ref = load_model(quantized_model, RUNTIME, "numpy")
     fast = load_model(quantized_model, RUNTIME, "torch", dtype="bf16")
     prompt = ref.tokenizer.encode("The for statement")  # a code model: clear top tokens
@@ -512,13 +513,13 @@ def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeyp
     kernels called op by op (the block runs them in the same order with the same
     roundings); the switch turns it off; prefill never takes it."""
     calls = []
-    original = native_gemv.NativeGemv.block_decode
+    original = kernels.NativeGemv.block_decode
 
     def counted(self, block, step, x):
         calls.append(x.shape)
         return original(self, block, step, x)
 
-    monkeypatch.setattr(native_gemv.NativeGemv, "block_decode", counted)
+    monkeypatch.setattr(kernels.NativeGemv, "block_decode", counted)
 
     def decode_logits(switch):
         monkeypatch.setenv("TESSERA_DECODER_BLOCK_DISABLE", switch)  # read when it loads
@@ -589,9 +590,9 @@ def test_q4_0_int4_layout_is_made_only_when_a_matmul_needs_it(native):
 @pytest.fixture(scope="module")
 def tiles(native):
     if not native.amx:
-        if {"amx_tile", "amx_bf16", "avx512_bf16"} <= native_gemv.cpu_flags():
+        if {"amx_tile", "amx_bf16", "avx512_bf16"} <= library.cpu_flags():
             # the kernel can run here, so a build without it or a failed self-test is a bug
-            pytest.fail(f"AMX matmuls off on a CPU with AMX: {native_gemv.status(backend())}")
+            pytest.fail(f"AMX matmuls off on a CPU with AMX: {native_probe.status(backend())}")
         # Real skip: this CPU has no AMX tiles (the VNNI and torch paths are tested elsewhere;
         # the project's machines have AMX)
         pytest.skip("this CPU has no AMX-BF16")
@@ -633,7 +634,7 @@ def test_tiles_take_only_what_they_serve(tiles):
     x = torch.randn(20, 64).bfloat16()
     assert tiles.matmul_tiles("Q4_0", raw, x) is None
     raw = torch.from_numpy(weight_bytes("Q4_0", 64, 64, rng))
-    assert tiles.matmul_tiles("Q4_0", raw, x[: native_gemv.AMX_MIN_ROWS - 1]) is None
+    assert tiles.matmul_tiles("Q4_0", raw, x[: kernels.AMX_MIN_ROWS - 1]) is None
     assert tiles.matmul_tiles("Q4_0", raw, x.half()) is None
     assert tiles.matmul_tiles("Q4_0", raw, x.T.contiguous().T) is not None  # made contiguous
 
@@ -650,7 +651,7 @@ def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
     calls = []  # the kernels that gave a result
 
     def spy(method):
-        real = getattr(native_gemv.NativeGemv, method)
+        real = getattr(kernels.NativeGemv, method)
 
         def call(self, *args):
             y = real(self, *args)
@@ -658,7 +659,7 @@ def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
                 calls.append(method)
             return y
 
-        monkeypatch.setattr(native_gemv.NativeGemv, method, call)
+        monkeypatch.setattr(kernels.NativeGemv, method, call)
 
     spy("matmul")
     spy("matmul_tiles")
@@ -671,9 +672,9 @@ def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
         assert (weight.native_gemv(rows) is None) == (kernel == "matmul_tiles")
         if kernel == "matmul_tiles":
             assert_tiles_close(y, *tiles_reference(name, raw_bytes, x))
-    monkeypatch.setenv(native_gemv.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
     b = backend()
-    assert not native_gemv.probe(b).amx
+    assert not native_probe.probe(b).amx
     off = b.load_weight(raw, qt)
     calls.clear()
     x = torch.from_numpy(rng.standard_normal((100, 128)).astype(np.float32)).bfloat16()
@@ -689,17 +690,17 @@ def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
 
 def test_a_build_without_amx_says_so_and_keeps_the_other_kernels(tiles, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    plain = native_gemv.load(native_gemv.build(flags=native_gemv.CFLAGS + ("-mno-amx-tile",)))
+    plain = library.load(library.build(flags=library.CFLAGS + ("-mno-amx-tile",)))
     assert plain.lib.tsr_native_amx() == 0 and not plain.amx
     x = torch.randn(40, 64).bfloat16()
     raw = torch.from_numpy(weight_bytes("Q8_0", 64, 64, np.random.default_rng(6)))
     assert plain.matmul_tiles("Q8_0", raw, x) is None
-    assert native_gemv.self_test(plain)
+    assert selftest.self_test(plain)
 
 
 def test_the_probe_reports_amx(tiles):
-    assert "AMX matmuls" in native_gemv.status(backend()).reason
-    assert native_gemv.tiles_ok(tiles)
+    assert "AMX matmuls" in native_probe.status(backend()).reason
+    assert selftest.tiles_ok(tiles)
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
@@ -732,9 +733,9 @@ def test_gate_up_swiglu_takes_the_tiles_from_16_rows(tiles, monkeypatch):
         for n in ("gate", "up")
     )
     calls = []
-    real = native_gemv.NativeGemv.swiglu_tiles
+    real = kernels.NativeGemv.swiglu_tiles
     monkeypatch.setattr(
-        native_gemv.NativeGemv, "swiglu_tiles", lambda *a: calls.append(a[-1].shape) or real(*a)
+        kernels.NativeGemv, "swiglu_tiles", lambda *a: calls.append(a[-1].shape) or real(*a)
     )
     for rows in (5, 16, 40):
         x = b.from_numpy(rng.standard_normal((rows, 128)).astype(np.float32))

@@ -1,0 +1,185 @@
+"""The native kernels' C library: compiled from ``native_gemv.c`` and ``native_amx.c``,
+cached, run once in a child process, and loaded with ctypes as a
+:class:`~tessera.backends.native.kernels.NativeGemv`.
+
+The library is compiled with the system C compiler (``$CC``, default ``cc``) into
+``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
+the compiler's version, the flags and the CPU's flags; it is written under a temporary
+name and renamed, so concurrent processes and crashes never leave a half-written library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tessera.backends.native.kernels import NativeGemv
+
+SOURCE = Path(__file__).with_name("native_gemv.c")
+#: Compiled together with SOURCE into the one library: the AMX prefill matmuls.
+AMX_SOURCE = Path(__file__).with_name("native_amx.c")
+#: ``1`` keeps matmuls off the AMX kernel (the rest of the native kernels stay on).
+AMX_DISABLE_ENV = "TESSERA_NATIVE_AMX_DISABLE"
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+#: All of these, and one of VNNI_FLAG_SETS, must be in /proc/cpuinfo's flags.
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
+ABI = 5
+
+
+def amx_disabled() -> bool:
+    return os.environ.get(AMX_DISABLE_ENV, "").strip() not in ("", "0")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_supported(flags: set[str]) -> bool:
+    return all(f in flags for f in REQUIRED_CPU_FLAGS) and any(
+        all(f in flags for f in vnni) for vnni in VNNI_FLAG_SETS
+    )
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
+    return Path(base) / "tessera" / "native"
+
+
+def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
+    """Compile the library (or find it in the cache); raises OSError/RuntimeError on failure.
+
+    ``flags`` other than :data:`CFLAGS` serve tests (e.g. ``-mno-avx512f`` for the 256-bit
+    path of CPUs with AVX-VNNI only)."""
+    cc = cc or os.environ.get("CC", "").strip() or "cc"
+    version = subprocess.run(
+        [cc, "--version"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    key = hashlib.sha256()
+    sources = (SOURCE, AMX_SOURCE)
+    for part in (*(p.read_bytes() for p in sources), version.encode(), " ".join(flags).encode()):
+        key.update(part)
+    key.update(" ".join(sorted(cpu_flags())).encode())
+    target = cache_dir() / f"gemv-{key.hexdigest()[:24]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [cc, *flags, "-o", tmp, *map(str, sources)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, target)  # atomic: readers see no library or a whole one
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+#: Run in a child process before the first load: a library using instructions this CPU or
+#: OS does not allow dies there (SIGILL), not in the caller.
+_SMOKE = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+w, x, y = (ctypes.c_char * 4096)(), (ctypes.c_float * 256)(), (ctypes.c_float * 64)()
+for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                   ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    fn(w, 9, 128, x, 2, y, 0, 1)
+lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_dequant_q4_0(w, 2, 32, y, 0, 1)
+lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_rms_norm(x, 2, 32, x, 1e-6, y, 0, 2)
+lib.tsr_rope.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                         ctypes.c_void_p, ctypes.c_int]
+lib.tsr_rope(x, 2, 2, 8, 8, x, x, 1, y, 1)
+rows = (ctypes.c_int64 * 4)(0, 1, 2, -1)
+lib.tsr_attention_rows.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2
+lib.tsr_attention_rows.argtypes += [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
+lib.tsr_attention_rows.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+lib.tsr_attention_rows.argtypes += [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+lib.tsr_attention_rows(x, 1, 2, 8, x, x, 1, 8, rows, 1, 4, rows, 1, None, 0.5, y, 0, 2)
+"""
+
+
+def check_runs(path: Path) -> None:
+    """Call both kernels once in a child process (once per library: an ``.ok`` file marks
+    success); raises RuntimeError if the child fails or dies."""
+    marker = path.with_suffix(".ok")
+    if marker.exists():
+        return
+    done = subprocess.run(
+        [sys.executable, "-c", _SMOKE, str(path)], capture_output=True, text=True, timeout=120
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{path.name} failed in a test process (exit {done.returncode}): "
+            f"{done.stderr.strip()[-300:]}"
+        )
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ok-")
+    os.close(fd)
+    os.replace(tmp, marker)
+
+
+def load(path: Path) -> NativeGemv:
+    check_runs(path)
+    lib = ctypes.CDLL(str(path))
+    if lib.tsr_native_abi() != ABI or not lib.tsr_native_vnni():
+        raise RuntimeError(f"{path} is not a VNNI build of ABI {ABI}")
+    args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
+        fn.argtypes, fn.restype = args, None
+    lib.tsr_dequant_q4_0.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.tsr_dequant_q4_0.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_dequant_q4_0.restype = None
+    lib.tsr_rms_norm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    lib.tsr_rms_norm.argtypes += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_rms_norm.argtypes += [ctypes.c_int]
+    lib.tsr_rms_norm.restype = None
+    lib.tsr_rope.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 2
+    lib.tsr_rope.argtypes += [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_rope.restype = None
+    args = [ctypes.c_void_p] + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2
+    args += [ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p, ctypes.c_int64]
+    args += [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_attention_rows.argtypes, lib.tsr_attention_rows.restype = args, None
+    lib.tsr_gemv_n.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3
+    lib.tsr_gemv_n.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    lib.tsr_gemv_n.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_gemv_n.restype = ctypes.c_int
+    lib.tsr_block_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
+    lib.tsr_block_decode.restype = ctypes.c_int
+    lib.tsr_amx_scratch_bytes.argtypes = [ctypes.c_int64]
+    lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
+    # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
+    after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+    after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.tsr_matmul_amx.argtypes = [ctypes.c_int, ctypes.c_void_p] + after_weights
+    lib.tsr_swiglu_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
+    lib.tsr_matmul_amx.restype = lib.tsr_swiglu_amx.restype = ctypes.c_int
+    native = NativeGemv(lib, path)
+    # the OS grants the tile state on request (tsr_amx_init, once per process)
+    native.amx = not amx_disabled() and bool(lib.tsr_native_amx()) and bool(lib.tsr_amx_init())
+    return native

@@ -1,0 +1,210 @@
+"""The native kernels' self-test: each kernel of a loaded library against numpy on random
+weights, with ``gguf.quants`` as the oracle of the block formats.
+
+Matmuls must stay within the error bound of int8 activations (:func:`error_bound`),
+RMSNorm within one rounding of the output dtype, RoPE and the Q4_0 dequantization bit for
+bit, attention within the output dtype's rounding of a float64 reference
+(:func:`attention_reference`); :func:`tiles_ok` checks the AMX matmuls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.backends.native.kernels import NativeGemv, RowLists
+
+
+def error_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Bound on ``|native - x @ w.T|`` from int8 activations: each activation is off by at
+    most half a step, ``max|block| / 254``, so a dot product by at most the sum over
+    blocks of that times ``sum |w|`` of the block; plus float32 rounding of the sums."""
+    xb = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, 32)
+    step = xb.max(axis=2) / 254  # (T, nb)
+    wb = np.abs(w.astype(np.float64)).reshape(w.shape[0], -1, 32).sum(axis=2)  # (n_out, nb)
+    exact = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T
+    return step @ wb.T * (1 + 1e-4) + 1e-5 * exact + 1e-30
+
+
+@attrs.frozen
+class _GgufOracle:
+    """Quantize and dequantize one GGML type with ``gguf.quants``, the self-test's oracle
+    (the kernels are checked against the format, not against a quant-type plugin)."""
+
+    name: str
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        from gguf import GGMLQuantizationType, quants
+
+        return quants.quantize(x, GGMLQuantizationType[self.name])
+
+    def dequantize(self, b: np.ndarray) -> np.ndarray:
+        from gguf import GGMLQuantizationType, quants
+
+        return quants.dequantize(b, GGMLQuantizationType[self.name])
+
+
+def self_test(native: NativeGemv, threads: int = 1) -> bool:
+    """Both kernels on random weights (odd row counts, 1-5 activation rows; float32 and
+    bfloat16 activations) vs numpy."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for qmod, name in ((_GgufOracle("Q8_0"), "Q8_0"), (_GgufOracle("Q4_0"), "Q4_0")):
+            for n_out, n_in, rows in ((37, 96, 5), (8, 64, 1), (5, 32, 2)):
+                w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+                raw = torch.from_numpy(qmod.quantize(w))
+                dense = qmod.dequantize(raw.numpy())
+                for dtype, rounding in ((torch.float32, 0.0), (torch.bfloat16, 2.0**-8)):
+                    x = torch.from_numpy(rng.standard_normal((rows, n_in)).astype(np.float32))
+                    x = x.to(dtype)
+                    got = native.matmul(name, raw, x).float().numpy()
+                    xs = x.float().numpy()
+                    want = xs.astype(np.float64) @ dense.astype(np.float64).T
+                    bound = error_bound(dense, xs) + rounding * np.abs(want)
+                    if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
+                        return False
+                if not _matmul_n_ok(native, name, qmod, rng):
+                    return False
+                if name == "Q8_0":  # RMSNorm: float32 statistics, as the torch path
+                    ok = _rms_norm_ok(native, rng) and _rope_ok(native, rng)
+                    if not (ok and _attention_ok(native, rng)):
+                        return False
+                if name == "Q4_0":  # the prefill dequantization: bit for bit
+                    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                        want_d = torch.from_numpy(dense).to(dtype)
+                        if not torch.equal(native.dequantize(name, raw, dtype), want_d):
+                            return False
+    finally:
+        torch.set_num_threads(saved)
+    return True
+
+
+def tiles_ok(native: NativeGemv) -> bool:
+    """The AMX matmul on random Q8_0 / Q4_0 weights (a ragged last row block) vs numpy:
+    within bf16's rounding of each output and float32 sums of the dequantized weights."""
+    import torch
+
+    rng = np.random.default_rng(1)
+    for qmod, name in ((_GgufOracle("Q8_0"), "Q8_0"), (_GgufOracle("Q4_0"), "Q4_0")):
+        w = rng.standard_normal((64, 96)).astype(np.float32)
+        raw = torch.from_numpy(qmod.quantize(w))
+        dense = torch.from_numpy(qmod.dequantize(raw.numpy())).bfloat16().double().numpy()
+        x = torch.from_numpy(rng.standard_normal((35, 96)).astype(np.float32)).bfloat16()
+        got = native.matmul_tiles(name, raw, x)
+        if got is None:
+            return False
+        want = x.double().numpy() @ dense.T
+        exact = np.abs(x.double().numpy()) @ np.abs(dense).T
+        if not np.all(np.abs(got.double().numpy() - want) <= 2.0**-8 * np.abs(want) + 1e-5 * exact):
+            return False
+    return True
+
+
+def _matmul_n_ok(native: NativeGemv, name: str, qmod: Any, rng: np.random.Generator) -> bool:
+    """Three weights (one with a bias) in one call vs numpy, in bfloat16."""
+    import torch
+
+    sizes = (9, 4, 6)
+    ws = [rng.standard_normal((n, 64)).astype(np.float32) for n in sizes]
+    raws = tuple(torch.from_numpy(qmod.quantize(w)) for w in ws)
+    bias = torch.from_numpy(rng.standard_normal(4).astype(np.float32)).bfloat16()
+    x = torch.from_numpy(rng.standard_normal((2, 64)).astype(np.float32)).bfloat16()
+    got = native.matmul_n(name, raws, x, (None, bias, None)).float().numpy()
+    dense = np.concatenate([qmod.dequantize(r.numpy()) for r in raws]).astype(np.float64)
+    xs = x.float().numpy()
+    want = xs.astype(np.float64) @ dense.T
+    want[:, 9:13] += bias.float().numpy()
+    bound = error_bound(dense, xs) + 2.0**-8 * np.abs(want)
+    return got.shape == want.shape and bool(np.all(np.abs(got - want) <= bound))
+
+
+def _rms_norm_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native RMSNorm vs torch's (float32 statistics) within one rounding step of the
+    output dtype: only the order of the float32 sum of squares differs."""
+    import torch
+    import torch.nn.functional as F
+
+    steps = ((torch.float32, 1e-6), (torch.bfloat16, 2.0**-8), (torch.float16, 2.0**-11))
+    for dtype, step in steps:
+        x = torch.from_numpy(rng.standard_normal((3, 100)).astype(np.float32)).to(dtype)
+        w = torch.from_numpy(rng.random(100).astype(np.float32) + 0.5)
+        want = F.rms_norm(x.float(), (100,), w, 1e-6)
+        got = native.rms_norm(x, w, 1e-6).float()
+        if not torch.all((got - want).abs() <= step * want.abs() + 1e-7):
+            return False
+    return True
+
+
+def _rope_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native RoPE vs the torch backend's eager ops, bit for bit (both pair layouts, a part
+    of each head left unrotated)."""
+    import torch
+
+    from tessera.backends.torch.rope import rotate
+
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.from_numpy(rng.standard_normal((3, 2, 12)).astype(np.float32)).to(dtype)
+        angle = torch.from_numpy(rng.uniform(-4, 4, (3, 1, 4)))
+        cos, sin = angle.cos().to(dtype), angle.sin().to(dtype)
+        for neox in (True, False):
+            want = rotate(x, cos, sin, 8, neox)
+            if not torch.equal(native.rope(x, cos, sin, 8, neox), want):
+                return False
+    return True
+
+
+def attention_reference(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    rows: np.ndarray,
+    q_rows: np.ndarray,
+    allowed: np.ndarray | None,
+    scale: float,
+) -> np.ndarray:
+    """What :meth:`NativeGemv.attention_rows` computes, in float64 numpy."""
+    t, h, _ = q.shape
+    h_kv, dv = v_cache.shape[1:]
+    out = np.zeros((t, h, dv))
+    for (si, j), qr in np.ndenumerate(q_rows):
+        ok = rows[si] >= 0
+        if allowed is not None:
+            ok &= allowed[si, j]
+        if qr < 0 or not ok.any():
+            continue
+        cells = rows[si][ok]
+        for head in range(h):
+            g = head // (h // h_kv)
+            score = k_cache[cells, g].astype(np.float64) @ q[qr, head].astype(np.float64) * scale
+            p = np.exp(score - score.max())
+            out[qr, head] = p @ v_cache[cells, g].astype(np.float64) / p.sum()
+    return out.reshape(t, h * dv)
+
+
+def _attention_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Native attention over row lists (padding, a query with no row, GQA, Dv != D, head
+    sizes off the vector width) vs float64 numpy within the output dtype's rounding."""
+    import torch
+
+    rows = np.array([[0, 3, 5, -1, 7], [1, 2, -1, 4, 6]], dtype=np.int64)
+    q_rows = np.array([[2, 0], [1, -1]], dtype=np.int64)
+    allowed = rng.random((2, 2, 5)) < 0.7
+    allowed[1, 0] = False  # ubatch row 1 reads nothing: zeros
+    for dtype, step in ((torch.float32, 1e-5), (torch.bfloat16, 2.0**-8)):
+        q = torch.from_numpy(rng.standard_normal((3, 4, 12)).astype(np.float32)).to(dtype)
+        k = torch.from_numpy(rng.standard_normal((8, 2, 12)).astype(np.float32)).to(dtype)
+        v = torch.from_numpy(rng.standard_normal((8, 2, 9)).astype(np.float32)).to(dtype)
+        for mask in (allowed, None):
+            got = native.attention_rows(q, k, v, RowLists(rows, q_rows, mask), 0.3)
+            got = got.float().numpy()
+            qn, kn, vn = (a.float().numpy() for a in (q, k, v))
+            want = attention_reference(qn, kn, vn, rows, q_rows, mask, 0.3)
+            if not np.all(np.abs(got - want) <= step * np.abs(want) + 1e-5):
+                return False
+    return True

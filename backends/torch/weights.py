@@ -1,0 +1,103 @@
+"""The torch backend's weight ops: loading a weight and the ops that multiply by one
+(``matmul``, ``matmul_n``, ``gate_up_swiglu``, ``linear``) or read its rows (``get_rows``).
+
+Loaded weights are either plain tensors in the compute dtype (float types, and quantized
+types without a usable kernel, dequantized once) or objects made by a quant type's
+:class:`~tessera.contract.quant.WeightKernel` that implement this interface:
+
+- ``shape``: ``(n_out, n_in)``;
+- ``matmul(x)``: ``x @ W.T`` for ``x`` a ``(T, n_in)`` tensor, result ``(T, n_out)`` in
+  ``x``'s dtype;
+- ``get_rows(ids)``: rows ``ids`` (a numpy int array) of ``W`` as a ``(len(ids), n_in)``
+  tensor in the backend's compute dtype on its device.
+
+Kernels read ``backend.torch_device``, ``backend.torch_dtype`` and cache their probe
+answers in ``backend.probe_cache`` (a dict keyed by quant type name).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tessera.backends.torch.packed import PackedLinear, epilogue
+
+#: Weights per native matmul_n call (tessera.backends.native.kernels.MAX_WEIGHTS).
+MAX_NATIVE_WEIGHTS = 8
+
+
+def disabled_kernels() -> set[str]:
+    """Quant types whose kernels ``TESSERA_DISABLE_KERNELS`` switches off ("all": every one)."""
+    names = os.environ.get("TESSERA_DISABLE_KERNELS", "")
+    return {n.strip().upper() for n in names.split(",") if n.strip()}
+
+
+class WeightOps:
+    """The weight ops of :class:`~tessera.backends.torch.ops.TorchBackend` (a mixin: its
+    ``_kernels`` and ``_packed_linear`` are set up in ``TorchBackend.__init__``)."""
+
+    def load_weight(self, raw: Any, qtype: Any) -> Any:
+        kernel = self._kernels.get(qtype.name) if len(raw.shape) == 2 else None
+        if kernel is None:
+            reason = f"no torch kernel for {qtype.name}"
+        elif {qtype.name.upper(), "ALL"} & disabled_kernels():
+            reason = f"{qtype.name} kernel disabled by TESSERA_DISABLE_KERNELS"
+        elif not kernel.supports(self):
+            reason = f"{qtype.name} kernel declined by its probe on {self.device}/{self.dtype}"
+        else:
+            self.record(raw.name, f"kernel {qtype.name}", kernel.description or "kernel")
+            return kernel.load(self, raw)
+        self.record(raw.name, f"dequantize {qtype.name}->{self.dtype}", reason)
+        return self.from_numpy(qtype.dequantize_tensor(raw.data, raw.shape))
+
+    def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return F.linear(x, w)
+        return w.matmul(x)
+
+    def matmul_n(self, x, weights, biases=None):
+        """One native call for weights that all run the same native kernel at this row
+        count (decode's Q/K/V and gate/up); otherwise one matmul (and add) per weight."""
+        biases = tuple(biases) if biases is not None else (None,) * len(weights)
+        native = self._native() if 1 < len(weights) <= MAX_NATIVE_WEIGHTS else None
+        if native is not None:
+            found = [getattr(w, "native_gemv", _no_native)(x.shape[0]) for w in weights]
+            if all(found) and len({kind for kind, _ in found}) == 1:
+                if all(b is None or (b.dtype == x.dtype and b.is_contiguous()) for b in biases):
+                    raws = tuple(raw for _, raw in found)
+                    y = native.matmul_n(found[0][0], raws, x, biases)
+                    return list(y.split([w.shape[0] for w in weights], dim=1))
+        return super().matmul_n(x, weights, biases)
+
+    def gate_up_swiglu(self, x, w_gate, w_up):
+        """One AMX pass (gate and up tiles side by side, silu(gate) * up formed in float32)
+        where both weights have a native tile kernel at this row count; else the default."""
+        native = self._native()
+        if native is not None:
+            found = [getattr(w, "native_tiles", _no_native)(x.shape[0]) for w in (w_gate, w_up)]
+            if all(found) and found[0][0] == found[1][0]:
+                y = native.swiglu_tiles(found[0][0], found[0][1], found[1][1], x)
+                if y is not None:
+                    return y
+        return super().gate_up_swiglu(x, w_gate, w_up)
+
+    def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
+        if isinstance(w, torch.Tensor):
+            return F.embedding(self._index(ids), w)
+        return w.get_rows(ids)
+
+    def linear(self, x, w, bias, activation="", residual=None):
+        if isinstance(w, torch.Tensor):
+            if self._packed_linear is None:
+                self._packed_linear = PackedLinear(self)
+            return self._packed_linear(x, w, bias, activation, residual)
+        return epilogue(w.matmul(x) + bias, activation, residual)
+
+
+def _no_native(n_rows: int) -> None:
+    """``native_gemv`` of weights without a native kernel (plain tensors, other types)."""
+    return None
