@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"core": "tessera", "backends": "tessera/backends", "models": "tessera/models"}
 FOLDERS["plugins"] = "tessera/plugins"

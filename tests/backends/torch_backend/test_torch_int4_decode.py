@@ -64,7 +64,7 @@ def test_both_paths_match_numpy_in_f32(setting, monkeypatch):
 
 def test_bf16_decode_uses_the_pair_and_prefill_dequantizes(monkeypatch):
     monkeypatch.delenv("TESSERA_Q8_0_DENSE_ROWS", raising=False)
-    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")  # the native path: test_native_gemv.py
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")  # native: test_native_kernels.py
     raw, dense = q8_0_weight(n_out=24, n_in=64, seed=2)
     b = backend("bf16")
     w = b.load_weight(raw, Q8_0)
