@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from tessera import switches
 from tessera.errors import (
     UnknownArchitectureError,
     UnknownBackendError,
@@ -38,6 +39,8 @@ class CatalogueKind:
     #: How an installed item is named in ``{known}`` (None: its key, names sorted; else
     #: this function of the item, in registration order).
     label: Callable[[Any], str] | None = attrs.field(default=None, eq=False)
+    #: Items the core itself provides, ahead of every plugin's (their owner is "core").
+    builtin: tuple[Any, ...] = attrs.field(default=(), eq=False)
 
 
 def _ggml_type_name(ggml_type: int) -> str:
@@ -95,6 +98,13 @@ KINDS: dict[str, CatalogueKind] = {
     ),
     "expert_cache": CatalogueKind("tessera_register_expert_caches", lambda c: [c.name]),
     "communicator": CatalogueKind("tessera_register_communicators", lambda c: [c.name]),
+    "switch": CatalogueKind(
+        "tessera_register_switches",
+        lambda s: [s.name],
+        UnknownNameError,
+        "unknown switch '{name}'; the declared switches are: {known}",
+        builtin=switches.CORE_SWITCHES,
+    ),
     "spec_decoder": CatalogueKind(
         "tessera_register_spec_decoders",
         lambda d: [d.name],
@@ -110,12 +120,14 @@ class Catalogues:
     """What the loaded plugins registered, one catalogue per :data:`KINDS` entry.
 
     The plugin manager (:class:`tessera.plugin_manager.Runtime`) is the concrete class: it
-    provides ``pm`` (pluggy's manager), ``conflicts``, ``_fail`` and the cache.
+    provides ``pm`` (pluggy's manager), ``conflicts``, ``_fail`` and the caches.
     """
 
     pm: Any
     conflicts: list[str]
     _catalogues: dict[str, dict[Any, Any]]
+    #: By kind, the plugin name (or "core") that registered each key.
+    _owners: dict[str, dict[Any, str]]
 
     def _fail(self, name: str, error: str) -> None:
         raise NotImplementedError  # the plugin manager records or raises
@@ -126,7 +138,8 @@ class Catalogues:
         if kind in self._catalogues:
             return self._catalogues[kind]
         spec = KINDS[kind]
-        found: dict[Any, Any] = {}
+        found: dict[Any, Any] = {k: item for item in spec.builtin for k in spec.keys(item)}
+        owners = dict.fromkeys(found, "core")
         caller = getattr(self.pm.hook, spec.hook)
         for impl in caller.get_hookimpls():  # in registration (entry-point) order
             registered: list[Any] = []
@@ -144,8 +157,15 @@ class Catalogues:
                         )
                     else:
                         found[k] = item
+                        owners[k] = impl.plugin_name
         self._catalogues[kind] = found
+        self._owners[kind] = owners
         return found
+
+    def owners(self, kind: str) -> dict[Any, str]:
+        """Who registered each item of ``kind``, by key: a plugin's name, or "core"."""
+        self.catalogue(kind)
+        return self._owners[kind]
 
     def get(self, kind: str, name: Any, *, where: str = "", shown: str | None = None) -> Any:
         """The item of ``kind`` registered as ``name``, or the kind's typed error listing
@@ -198,6 +218,11 @@ class Catalogues:
     def spec_decoders(self) -> dict[str, Any]:
         """Speculative decoders (:class:`tessera.contract.spec.SpecDecoderInfo`) by name."""
         return self.catalogue("spec_decoder")
+
+    def switches(self) -> dict[str, Any]:
+        """Environment switches (:class:`tessera.switches.Switch`) by variable name: core's
+        first, then each plugin's; :meth:`owners` says whose each one is."""
+        return self.catalogue("switch")
 
     # -- single lookups (``get`` with each kind's name) ------------------------------
 

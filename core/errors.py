@@ -38,3 +38,7 @@ class ContextOverflowError(TesseraError):
 
 class PluginError(TesseraError):
     """A plugin failed to import or register (raised only in strict mode)."""
+
+
+class SwitchValueError(TesseraError):
+    """A ``TESSERA_*`` environment switch is set to a value it does not take."""

@@ -31,6 +31,7 @@ Every registered object is plain data or an instance of a documented base class:
   :class:`tessera.contract.comm.Communicator`
 - :class:`tessera.contract.spec.SpecDecoderInfo` creating a
   :class:`tessera.contract.spec.SpecDecoder`
+- :class:`tessera.switches.Switch` (an environment switch)
 
 A later registration under a name already taken is reported as a conflict and ignored, so
 the first plugin to claim a name keeps it (built-ins load in entry-point order).
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from tessera.contract.quant import QuantType, WeightKernel
     from tessera.contract.routes import ServerRoute
     from tessera.contract.spec import SpecDecoderInfo
+    from tessera.switches import Switch
 
 PROJECT_NAME = "tessera"
 
@@ -216,4 +218,19 @@ def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) 
     drafter with a cache of its own removes its rejected cells itself (``KVCache.seq_rm``).
     Whatever the drafter proposes, the output equals the target's alone (greedy) or is
     distributed like it (sampling); a drafter only changes the speed.
+    """
+
+
+@hookspec
+def tessera_register_switches(register: Callable[[Switch], None]) -> None:
+    """Register the plugin's environment switches (``TESSERA_*`` variables).
+
+    Called once, when ``tessera plugins --switches`` (or ``--json``) lists them; reading a
+    switch never needs the catalogue. Call ``register(switch)`` with each module-level
+    :class:`tessera.switches.Switch` the plugin declares: its variable name, one line
+    saying what it does, its kind (``off``, ``on``, ``names``, ``choice``, ``name``,
+    ``number``) and default. Read it only through :mod:`tessera.switches` (``flag``,
+    ``names``, ``text``, ``number``) and choose a switched path with
+    :func:`tessera.switches.choose`, which records why. A name already declared (by the
+    core or an earlier plugin) is reported as a conflict and ignored.
     """

@@ -3,7 +3,8 @@
 A :class:`Runtime` is the only holder of plugin state. It loads the ``tessera`` entry-point
 group one plugin at a time; a plugin that fails to import, declares the wrong plugin-API
 version or fails to register is recorded in :attr:`Runtime.failures` and skipped (strict
-mode raises instead). Environment switches:
+mode raises instead). Environment switches (declared in :mod:`tessera.switches`), read
+when a Runtime is made:
 
 - ``TESSERA_DISABLE_PLUGINS=a,b``: entry-point names not to load (also ``--disable-plugins``).
 - ``TESSERA_PLUGINS=a,b``: load only these entry points (an allowlist, for tests).
@@ -13,7 +14,6 @@ mode raises instead). Environment switches:
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,20 +21,11 @@ from typing import Any
 import attrs
 import pluggy
 
-from tessera import PLUGIN_API_VERSION, hookspecs
+from tessera import PLUGIN_API_VERSION, hookspecs, switches
 from tessera.catalogue import Catalogues
 from tessera.errors import PluginError
 
 ENTRY_POINT_GROUP = "tessera"
-
-
-def env_list(name: str) -> list[str]:
-    """A comma-separated environment variable as a list of non-empty names."""
-    return [part.strip() for part in os.environ.get(name, "").split(",") if part.strip()]
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 @attrs.frozen
@@ -72,16 +63,17 @@ class Runtime(Catalogues):
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.on_failure = on_failure
         self.pm.add_hookspecs(hookspecs)
-        self.strict = env_flag("TESSERA_STRICT_PLUGINS") if strict is None else strict
-        self.disabled = set(disabled) | set(env_list("TESSERA_DISABLE_PLUGINS"))
-        allow = env_list("TESSERA_PLUGINS") if only is None else list(only)
+        self.strict = switches.flag(switches.STRICT_PLUGINS) if strict is None else strict
+        self.disabled = set(disabled) | set(switches.names(switches.DISABLE_PLUGINS))
+        allow = switches.names(switches.PLUGINS) if only is None else list(only)
         self.only = set(allow) if allow else None
         self.plugins: list[PluginRecord] = []
         self.failures: list[PluginFailure] = []
         self.conflicts: list[str] = []
         self._catalogues: dict[str, dict[Any, Any]] = {}
+        self._owners: dict[str, dict[Any, str]] = {}
         self._shared_expert_cache: Any = None
-        if env_flag("TESSERA_TRACE_HOOKS"):
+        if switches.flag(switches.TRACE_HOOKS):
             self.pm.trace.root.setwriter(sys.stderr.write)
             self.pm.enable_tracing()
         self._load(_find_entry_points() if entry_points is None else entry_points)
@@ -136,6 +128,7 @@ class Runtime(Catalogues):
         module_name = getattr(module, "__name__", type(module).__name__)
         self.plugins.append(PluginRecord(name, module_name, *distribution))
         self._catalogues.clear()
+        self._owners.clear()
         return True
 
     def hooks_of(self, name: str) -> list[str]:

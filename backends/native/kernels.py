@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tessera.switches import Choice
+
 #: Matmuls of at least this many bf16 rows run on the AMX tiles where there are any; the
 #: VNNI kernel's / the AMX kernel's time (4864x896 and 896x4864, Q4_0 and Q8_0, 1 and 2
 #: threads): 0.55-0.86 at 8 rows, 1.06-1.54 at 16, 1.84-2.78 at 32, 2.8-4.2 at 64.
@@ -48,8 +50,10 @@ class NativeGemv:
         self._empty = torch.empty
         self._threads = torch.get_num_threads  # what backend.set_threads (-t) set
         self._weight_sets: dict[tuple[int, ...], tuple[Any, ...]] = {}
-        #: whether :meth:`matmul_tiles` runs (an AMX build whose tiles the OS granted)
+        #: whether :meth:`matmul_tiles` runs (an AMX build whose tiles the OS granted), and
+        #: why (set by :func:`tessera.backends.native.library.load`)
         self.amx = False
+        self.amx_choice = Choice("off", "not probed")
         self._amx_scratch: Any = None
 
     def __repr__(self) -> str:

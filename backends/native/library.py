@@ -19,21 +19,24 @@ import tempfile
 from pathlib import Path
 
 from tessera.backends.native.kernels import NativeGemv
+from tessera.switches import OFF, Switch, choose
 
 SOURCE = Path(__file__).with_name("native_gemv.c")
 #: Compiled together with SOURCE into the one library: the AMX prefill matmuls.
 AMX_SOURCE = Path(__file__).with_name("native_amx.c")
-#: ``1`` keeps matmuls off the AMX kernel (the rest of the native kernels stay on).
-AMX_DISABLE_ENV = "TESSERA_NATIVE_AMX_DISABLE"
+NATIVE_AMX_DISABLE = Switch(
+    "TESSERA_NATIVE_AMX_DISABLE",
+    "Q4_0/Q8_0 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off the AMX "
+    "tiles (the other native kernels stay on)",
+    OFF,
+)
+#: The variable's name, for callers that set it.
+AMX_DISABLE_ENV = NATIVE_AMX_DISABLE.name
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: All of these, and one of VNNI_FLAG_SETS, must be in /proc/cpuinfo's flags.
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
 ABI = 5
-
-
-def amx_disabled() -> bool:
-    return os.environ.get(AMX_DISABLE_ENV, "").strip() not in ("", "0")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -180,6 +183,15 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_swiglu_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
     lib.tsr_matmul_amx.restype = lib.tsr_swiglu_amx.restype = ctypes.c_int
     native = NativeGemv(lib, path)
-    # the OS grants the tile state on request (tsr_amx_init, once per process)
-    native.amx = not amx_disabled() and bool(lib.tsr_native_amx()) and bool(lib.tsr_amx_init())
+
+    def amx_probe() -> tuple[bool, str]:
+        if not lib.tsr_native_amx():
+            return False, "built without AMX tiles (CPU or compiler)"
+        # the OS grants the tile state on request (tsr_amx_init, once per process)
+        if not lib.tsr_amx_init():
+            return False, "the OS did not grant the AMX tile state"
+        return True, "AMX tiles for 16 rows or more"
+
+    native.amx_choice = choose(NATIVE_AMX_DISABLE, amx_probe, on="on", off="off")
+    native.amx = native.amx_choice.path == "on"
     return native

@@ -6,12 +6,13 @@ has AVX2/FMA/F16C and AVX512-VNNI (with VL) or AVX-VNNI, a compiler runs, the li
 builds, runs once in a child process (so an illegal instruction cannot kill the caller),
 loads, and a self-test on random weights agrees with numpy within the error bound of
 int8 activations. Otherwise the weight kernels keep their torch paths.
-``TESSERA_NATIVE_DISABLE=1`` switches it off.
+``TESSERA_NATIVE_DISABLE=1`` (:data:`NATIVE_DISABLE`) switches it off; the choice is
+recorded as the backend's ``"native kernels"`` path (:meth:`Backend.record_path`), and the
+AMX part of it as ``"native AMX matmuls"``.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
@@ -19,15 +20,17 @@ import attrs
 
 from tessera.backends.native import library, selftest
 from tessera.backends.native.kernels import NativeGemv
+from tessera.switches import OFF, Choice, Switch, choose
 
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
 COMPUTE_DTYPES = ("bf16", "f16")
 
-
-def disabled() -> bool:
-    """Whether ``TESSERA_NATIVE_DISABLE`` switches the native kernels off."""
-    return os.environ.get("TESSERA_NATIVE_DISABLE", "").strip() not in ("", "0")
+NATIVE_DISABLE = Switch(
+    "TESSERA_NATIVE_DISABLE",
+    "no native CPU kernels (C, built on first use): every op on torch's kernels instead",
+    OFF,
+)
 
 
 @attrs.frozen
@@ -42,23 +45,36 @@ def status(backend: Any) -> NativeStatus:
     """Probe once per backend (cached in ``backend.probe_cache["native"]``)."""
     cache = backend.probe_cache
     if "native" not in cache:
-        reason = _unavailable(backend)
-        gemv = None
-        if reason is None:
-            try:
-                gemv = library.load(library.build())
-                reason = f"VNNI kernels from {gemv.path}"
-                if not selftest.self_test(gemv):
-                    gemv, reason = None, "self-test against numpy failed"
-                elif gemv.amx and not selftest.tiles_ok(gemv):
-                    gemv.amx = False
-                    reason += "; AMX matmuls off (self-test against numpy failed)"
-                elif gemv.amx:
-                    reason += "; AMX matmuls"
-            except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
-                reason = f"build or load failed: {exc}"
-        cache["native"] = NativeStatus(gemv, reason)
+        probed = NativeStatus(None, "")
+
+        def probe() -> tuple[bool, str]:
+            nonlocal probed  # the probe's product, the loaded library, is kept
+            probed = _probe(backend)
+            return probed.gemv is not None, probed.reason
+
+        choice = choose(NATIVE_DISABLE, probe, on="native", off="torch")
+        backend.record_path("native kernels", choice)
+        if probed.gemv is not None:
+            backend.record_path("native AMX matmuls", probed.gemv.amx_choice)
+        cache["native"] = NativeStatus(probed.gemv, choice.reason)
     return cache["native"]
+
+
+def _probe(backend: Any) -> NativeStatus:
+    """The kernels for ``backend`` once built, loaded and self-tested, or why not."""
+    unavailable = _unavailable(backend)
+    if unavailable is not None:
+        return NativeStatus(None, unavailable)
+    try:
+        gemv = library.load(library.build())
+        if not selftest.self_test(gemv):
+            return NativeStatus(None, "self-test against numpy failed")
+        if gemv.amx and not selftest.tiles_ok(gemv):
+            gemv.amx = False
+            gemv.amx_choice = Choice("off", "self-test against numpy failed")
+    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
+        return NativeStatus(None, f"build or load failed: {exc}")
+    return NativeStatus(gemv, f"VNNI kernels from {gemv.path}; AMX matmuls {gemv.amx_choice}")
 
 
 def probe(backend: Any) -> NativeGemv | None:
@@ -67,8 +83,6 @@ def probe(backend: Any) -> NativeGemv | None:
 
 
 def _unavailable(backend: Any) -> str | None:
-    if disabled():
-        return "disabled by TESSERA_NATIVE_DISABLE"
     if getattr(backend, "torch_device", None) is None or backend.torch_device.type != "cpu":
         return "not a CPU backend"
     if getattr(backend, "dtype", None) not in COMPUTE_DTYPES:

@@ -7,17 +7,20 @@ Choice of settings, in order: an explicit ``device`` / ``dtype`` argument; for t
 the ``TESSERA_TORCH_DTYPE`` environment variable; otherwise the device is ``cuda`` when
 torch sees a GPU, else ``cpu``, and the dtype is ``bf16`` where bf16 matmul is fast (a GPU
 that supports bf16, or a CPU with AMX-bf16 or AVX512-bf16 units) and ``f32`` elsewhere.
+
+The torch backend's switches are declared here, light, with those of its other modules
+(which import torch), so that listing them (``tessera plugins --switches``) needs no torch.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from tessera.contract.backend import BackendInfo
-from tessera.errors import UnknownBackendError
+from tessera.errors import SwitchValueError, UnknownBackendError
 from tessera.hookspecs import hookimpl
+from tessera.switches import CHOICE, ON, Switch, text
 
 TESSERA_PLUGIN_API = 1
 
@@ -32,6 +35,32 @@ DTYPE_NAMES = {
     "float16": "f16",
     "fp16": "f16",
 }
+
+TORCH_DTYPE = Switch(
+    "TESSERA_TORCH_DTYPE",
+    "compute dtype of the torch backend: f32, bf16 or f16 (default: bf16 where fast, else f32)",
+    CHOICE,
+    choices=tuple(DTYPE_NAMES),
+)
+PACKED_LINEAR = Switch(
+    "TESSERA_TORCH_PACKED_LINEAR",
+    "torch linear on oneDNN weights packed once with fused GELU / residual (bf16/f16 CPU); "
+    "0: F.linear",
+    ON,
+    default=True,
+)
+FUSED_NORM = Switch(
+    "TESSERA_TORCH_FUSED_NORM",
+    "RMSNorm on torch's fused F.rms_norm; 0: composed of elementwise ops",
+    ON,
+    default=True,
+)
+INFERENCE_MODE = Switch(
+    "TESSERA_TORCH_INFERENCE_MODE",
+    "forward passes that ask the backend's forward_scope run in torch.inference_mode(); 0: not",
+    ON,
+    default=True,
+)
 
 #: CPU flags of units that make torch's bf16 matmul faster than f32 (oneDNN uses them).
 FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -87,7 +116,12 @@ def pick_dtype(dtype: str | None, device: Any) -> str:
     """The canonical compute dtype: argument, else TESSERA_TORCH_DTYPE, else the fast one."""
     import torch
 
-    asked = dtype if dtype is not None else os.environ.get("TESSERA_TORCH_DTYPE", "").strip()
+    asked = dtype
+    if asked is None:
+        try:
+            asked = text(TORCH_DTYPE)
+        except SwitchValueError as exc:  # as a bad dtype argument: the backend cannot run so
+            raise UnknownBackendError(str(exc)) from exc
     if asked:
         if asked.lower() not in DTYPE_NAMES:
             raise UnknownBackendError(
@@ -121,3 +155,15 @@ def tessera_register_backends(register):
             priority=100,  # the fast backend: chosen over the numpy reference by default
         )
     )
+
+
+@hookimpl
+def tessera_register_switches(register):
+    from tessera.backends.native.library import NATIVE_AMX_DISABLE
+    from tessera.backends.native.probe import NATIVE_DISABLE
+    from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
+
+    for switch in (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE):
+        register(switch)
+    register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
+    register(NATIVE_AMX_DISABLE)

@@ -12,22 +12,37 @@ It declines (returns None, nothing written) unless every matrix runs a native ke
 one row (Q/K/V of one type, gate/up of one type), the biases and caches are in the compute
 dtype, and the token attends to one list of rows with nothing masked (no sliding window).
 ``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
-``TESSERA_DECODER_BLOCK_DISABLE=1`` turns off only this op (the ops run one by one).
+``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this op
+(the ops run one by one).
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from tessera.backends.native.kernels import TYPE_SIZES, BlockStruct, StepStruct
+from tessera.switches import OFF, Choice, Switch, choose
+
+DECODER_BLOCK_DISABLE = Switch(
+    "TESSERA_DECODER_BLOCK_DISABLE",
+    "decode runs a llama-family block op by op instead of in one native call",
+    OFF,
+)
 
 
-def disabled() -> bool:
-    """Whether ``TESSERA_DECODER_BLOCK_DISABLE`` switches the fused block off."""
-    return os.environ.get("TESSERA_DECODER_BLOCK_DISABLE", "").strip() not in ("", "0")
+def choose_block(backend: Any) -> Choice:
+    """Whether ``backend`` offers ``decoder_block``: the switch, then the native kernels;
+    recorded as its ``"decoder block"`` path."""
+
+    def probe() -> tuple[bool, str]:
+        if backend._native() is None:
+            return False, f"no native kernels ({backend.probe_cache['native'].reason})"
+        return True, "native kernels: one call per block and decode token"
+
+    choice = choose(DECODER_BLOCK_DISABLE, probe, on="one native call", off="op by op")
+    return backend.record_path("decoder block", choice)
 
 
 def decoder_block(

@@ -4,17 +4,16 @@ and ``layer_norm``."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
+from tessera.backends.torch.backend import FUSED_NORM
+from tessera.switches import Choice, choose
+
 if TYPE_CHECKING:
     from tessera.backends.torch.ops import TorchBackend
-
-#: ``0`` turns the fused RMSNorm kernel off (the op is then composed of elementwise ops).
-FUSED_NORM_ENV = "TESSERA_TORCH_FUSED_NORM"
 
 
 class NormOps:
@@ -29,7 +28,8 @@ class NormOps:
             # token; prefill: 512 x 896 rows in 0.2 ms instead of 1 ms at two threads)
             return native.rms_norm(x, self._f32_weight(weight), eps)
         if self._fused_norm is None:
-            self._fused_norm = fused_rms_norm_ok(self)
+            choice = self.record_path("RMSNorm", choose_fused_norm(self))
+            self._fused_norm = choice.path == "F.rms_norm"
         if self._fused_norm:  # one kernel instead of seven: decode runs two per layer
             w = None if weight is None else weight.float()
             return F.rms_norm(x.float(), (x.shape[-1],), w, eps).to(x.dtype)
@@ -67,16 +67,24 @@ class NormOps:
         return F.layer_norm(xf, (x.shape[-1],), w, b, eps).to(x.dtype)
 
 
-def fused_rms_norm_ok(backend: TorchBackend) -> bool:
-    """Probe for ``F.rms_norm``: present in this torch, not switched off, and equal to the
-    composed ops on a small input on this device (float32 statistics either way)."""
-    if os.environ.get(FUSED_NORM_ENV, "").strip() == "0" or not hasattr(F, "rms_norm"):
-        return False
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 96, generator=gen).to(backend.torch_device, backend.torch_dtype)
-    w = torch.rand(96, generator=gen).to(backend.torch_device, backend.torch_dtype) + 0.5
-    try:
-        got = F.rms_norm(x.float(), (96,), w.float(), 1e-6).to(x.dtype)
-    except RuntimeError:
-        return False
-    return bool(torch.allclose(got.float(), backend._rms_norm_ops(x, w, 1e-6).float(), 1e-2))
+def choose_fused_norm(backend: TorchBackend) -> Choice:
+    """``("F.rms_norm", why)`` where ``rms_norm`` runs torch's fused kernel: not switched
+    off (``TESSERA_TORCH_FUSED_NORM=0``), present in this torch, and equal to the composed
+    ops on a small input on this device (float32 statistics either way)."""
+
+    def probe() -> tuple[bool, str]:
+        if not hasattr(F, "rms_norm"):
+            return False, "this torch has no F.rms_norm"
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 96, generator=gen).to(backend.torch_device, backend.torch_dtype)
+        w = torch.rand(96, generator=gen).to(backend.torch_device, backend.torch_dtype) + 0.5
+        try:
+            got = F.rms_norm(x.float(), (96,), w.float(), 1e-6).to(x.dtype)
+        except RuntimeError as exc:
+            return False, f"F.rms_norm failed on {backend.device} ({exc})"
+        want = backend._rms_norm_ops(x, w, 1e-6).float()
+        if not torch.allclose(got.float(), want, 1e-2):
+            return False, "F.rms_norm disagrees with the composed ops on the probe input"
+        return True, "one fused kernel instead of seven elementwise ops"
+
+    return choose(FUSED_NORM, probe, on="F.rms_norm", off="composed ops")

@@ -15,7 +15,6 @@ op works inside and outside it (``set_rows`` enters it for caches created inside
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,17 +24,16 @@ import torch.nn.functional as F
 
 from tessera.backends.torch import block as torch_block
 from tessera.backends.torch.attention import AttentionOps
+from tessera.backends.torch.backend import INFERENCE_MODE
 from tessera.backends.torch.norms import NormOps
 from tessera.backends.torch.packed import PackedLinear
 from tessera.backends.torch.rope import RopeOps
 from tessera.backends.torch.transfers import TransferOps
 from tessera.backends.torch.weights import WeightOps
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS, Backend
+from tessera.switches import flag
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-#: ``0``: forward passes run outside ``torch.inference_mode()`` (see forward_scope).
-INFERENCE_MODE_ENV = "TESSERA_TORCH_INFERENCE_MODE"
 
 
 class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backend):
@@ -74,7 +72,7 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
         if op == "decoder_block":
-            return self._native() is not None and not torch_block.disabled()
+            return torch_block.choose_block(self).path == "one native call"
         if op in ("attention", "attention_rows"):
             n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
@@ -162,6 +160,6 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
     def forward_scope(self) -> Any:
         """``torch.inference_mode()``: no autograd bookkeeping per op (1-5% of a one-sentence
         BERT forward); ``TESSERA_TORCH_INFERENCE_MODE=0`` turns it off."""
-        if os.environ.get(INFERENCE_MODE_ENV, "").strip() == "0":
+        if not flag(INFERENCE_MODE):
             return contextlib.nullcontext()
         return torch.inference_mode()

@@ -18,23 +18,26 @@ model whose dense layers run through ``linear`` holds those weights twice.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-#: ``0`` turns pre-packed linear weights off (``linear`` then calls ``F.linear``).
-PACKED_LINEAR_ENV = "TESSERA_TORCH_PACKED_LINEAR"
+from tessera.backends.torch.backend import PACKED_LINEAR
+from tessera.switches import Choice, choose
 
 #: Compute dtypes whose CPU matmul is oneDNN's (float32 goes to MKL).
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
 
 
+def choose_packed_linear(backend: Any) -> Choice:
+    """``(True, why)`` where pre-packed weights serve ``backend``'s ``linear``, else
+    ``(False, why not)``: ``TESSERA_TORCH_PACKED_LINEAR=0`` or the probe."""
+    return choose(PACKED_LINEAR, lambda: packed_linear_probe(backend))
+
+
 def packed_linear_probe(backend: Any) -> tuple[bool, str]:
     """Whether pre-packed weights can serve ``backend``'s ``linear``, and why (or why not)."""
-    if os.environ.get(PACKED_LINEAR_ENV, "").strip() == "0":
-        return False, f"{PACKED_LINEAR_ENV}=0"
     if backend.torch_device.type != "cpu" or backend.torch_dtype not in PACKED_DTYPES:
         return False, f"only for bf16/f16 on CPU (this is {backend.device}/{backend.dtype})"
     ops = torch.ops.mkldnn
@@ -83,7 +86,7 @@ class PackedLinear:
     activation or the residual add runs as a oneDNN post-op (one of them per call)."""
 
     def __init__(self, backend: Any) -> None:
-        self.ok, self.reason = packed_linear_probe(backend)
+        self.ok, self.reason = choose_packed_linear(backend)
         backend.record("linear weights", "packed" if self.ok else "F.linear", self.reason)
         # id(weight) -> (weight, packed): the weight is kept so its id is not reused
         self._packed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -17,7 +17,6 @@ answers in ``backend.probe_cache`` (a dict keyed by quant type name).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.backends.torch.packed import PackedLinear, epilogue
+from tessera.switches import DISABLE_KERNELS, names
 
 #: Weights per native matmul_n call (tessera.backends.native.kernels.MAX_WEIGHTS).
 MAX_NATIVE_WEIGHTS = 8
@@ -32,8 +32,7 @@ MAX_NATIVE_WEIGHTS = 8
 
 def disabled_kernels() -> set[str]:
     """Quant types whose kernels ``TESSERA_DISABLE_KERNELS`` switches off ("all": every one)."""
-    names = os.environ.get("TESSERA_DISABLE_KERNELS", "")
-    return {n.strip().upper() for n in names.split(",") if n.strip()}
+    return {n.upper() for n in names(DISABLE_KERNELS)}
 
 
 class WeightOps:

@@ -8,8 +8,9 @@ from typing import Any
 
 from tessera import PLUGIN_API_VERSION, __version__
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS
-from tessera.engine.context import ContextParams, choose_kv_path
+from tessera.engine.context import ContextParams, choose_kv_path, choose_prune
 from tessera.errors import TesseraError
+from tessera.switches import FLAG_OFF, FLAG_ON, KINDS, read
 
 #: Version of the ``tessera plugins --json`` layout; raised when a key changes meaning.
 REPORT_SCHEMA = 1
@@ -25,6 +26,11 @@ def add_plugins_arguments(parser: argparse.ArgumentParser) -> None:
         "--json",
         action="store_true",
         help=f"print one JSON object (schema {REPORT_SCHEMA}, see docs/extending.md)",
+    )
+    parser.add_argument(
+        "--switches",
+        action="store_true",
+        help="list every TESSERA_* environment switch (core's and each plugin's) and its value",
     )
 
 
@@ -48,12 +54,18 @@ def _backend_lines(runtime: Any) -> list[str]:
         for op in OPTIONAL_OPS:
             state = "supported" if backend.supports(op) else "not supported"
             lines.append(f"    optional {op}: {state}")
-        path, why = choose_kv_path(None, ContextParams(), backend)
-        lines.append(f"    kv path (default context): {path} ({why})")
+        lines.append(
+            f"    kv path (default context): {choose_kv_path(None, ContextParams(), backend)}"
+        )
+        prune = choose_prune(ContextParams())
+        state = "allowed" if prune.path else "off"
+        lines.append(f"    prefill pruning (default context): {state} ({prune.reason})")
         for (kb, qname), kernel in sorted(kernels.items()):
             if kb == name:
                 state = "active" if kernel.supports(backend) else "declined by probe"
                 lines.append(f"    kernel {qname}: {state} {kernel.description}".rstrip())
+        for what, choice in backend.paths.items():  # what the probes above decided
+            lines.append(f"    {what}: {choice}")
     return lines
 
 
@@ -72,6 +84,7 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
             for (b, q), k in sorted(kernels.items())
             if b == name
         ],
+        "paths": None,
     }
     if not probe:
         return entry
@@ -80,6 +93,8 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
     except TesseraError as exc:
         return {**entry, "usable": False, "error": str(exc)}
     ops = [op for op in CORE_OPS if backend.supports(op)]
+    for op in OPTIONAL_OPS:
+        backend.supports(op)  # as the text listing asks: the same paths get decided
     for k in entry["kernels"]:
         supported = kernels[(name, k["quant_type"])].supports(backend)
         k["state"] = "active" if supported else "declined by probe"
@@ -90,6 +105,10 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
         "dtype": backend.dtype,
         "ops": ops,
         "unsupported_ops": [op for op in CORE_OPS if op not in ops],
+        "paths": [
+            {"what": what, "path": str(choice.path), "reason": choice.reason}
+            for what, choice in backend.paths.items()
+        ],
     }
 
 
@@ -108,6 +127,55 @@ def _communicator_entries(runtime: Any) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def switch_entries(runtime: Any) -> list[dict[str, Any]]:
+    """Every declared switch (core's, then each plugin's) with its value here: ``value`` is
+    the variable as set (None when unset), ``error`` the message when the value is one the
+    switch does not take."""
+    owners = runtime.owners("switch")
+    out = []
+    for name, switch in runtime.switches().items():
+        try:
+            read(switch)
+            error = None
+        except TesseraError as exc:
+            error = str(exc)
+        out.append(
+            {
+                "name": name,
+                "owner": owners[name],
+                "kind": switch.kind,
+                "default": switch.shown_default(),
+                "choices": list(switch.choices),
+                "value": switch.raw() or None,
+                "error": error,
+                "help": switch.help,
+            }
+        )
+    return out
+
+
+def _switch_lines(runtime: Any) -> list[str]:
+    """The switches as a table, one row each; a value the switch does not take is followed
+    by the error that reading it raises."""
+    header = ("switch", "owner", "kind", "default", "value", "what it does")
+    rows, errors = [header], {}
+    for e in switch_entries(runtime):
+        value = "unset" if e["value"] is None else e["value"]
+        rows.append((e["name"], e["owner"], e["kind"], e["default"], value, e["help"]))
+        if e["error"]:
+            errors[len(rows) - 1] = e["error"]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    lines = []
+    for i, row in enumerate(rows):
+        cells = [f"{cell:<{w}}" for cell, w in zip(row, widths, strict=False)]
+        lines.append("  ".join([*cells, row[-1]]))
+        if i in errors:
+            lines.append(f"  error: {errors[i]}")
+    kinds = " | ".join(f"{kind}: {values}" for kind, values in KINDS.items())
+    lines.append(f"kinds — {kinds}. Flags: {'/'.join(FLAG_ON)} or {'/'.join(FLAG_OFF)}.")
+    return lines
 
 
 def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
@@ -156,12 +224,16 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
             {"name": name, "description": info.description}
             for name, info in runtime.expert_caches().items()
         ],
+        "switches": switch_entries(runtime),
     }
 
 
 def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
     if args.json:
         print(json.dumps(plugins_report(runtime, probe=not args.no_probe), indent=2))
+        return 0
+    if args.switches:
+        print("\n".join(_switch_lines(runtime)))
         return 0
     print("plugins:")
     for rec in runtime.plugins:

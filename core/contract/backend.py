@@ -7,11 +7,14 @@ of token rows in the ubatch, ``H`` heads, ``D`` head size, ``C`` KV-cache cells.
 
 Before it takes an optional path, the core asks ``supports(op, **attrs)`` with the op's
 real parameters; a backend answers False for what it cannot do and the core falls back.
-Every path taken is recorded with its reason in :attr:`Backend.placements`.
+Every path taken is recorded with its reason: per weight and per context in
+:attr:`Backend.placements`, and the backend's own switched paths (native kernels, fused
+ops ...), each chosen once through :func:`tessera.switches.choose`, in :attr:`Backend.paths`.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -25,6 +28,9 @@ from tessera.contract.optional_ops import OptionalOps
 if TYPE_CHECKING:
     from tessera.contract.quant import QuantType, WeightKernel
     from tessera.files.gguf import RawTensor
+    from tessera.switches import Choice
+
+log = logging.getLogger("tessera.backend")
 
 #: The ops every backend implements (the conformance kit checks each one).
 CORE_OPS = (
@@ -95,6 +101,9 @@ class Backend(OptionalOps, ABC):
     def __init__(self) -> None:
         #: ``(what, path, reason)`` for every decision the backend made (weights, ops).
         self.placements: list[tuple[str, str, str]] = []
+        #: The backend's own switched paths by name (e.g. "native kernels"), each the
+        #: :class:`tessera.switches.Choice` made when it was first needed.
+        self.paths: dict[str, Choice] = {}
 
     # -- capability probe ------------------------------------------------------------
 
@@ -119,6 +128,14 @@ class Backend(OptionalOps, ABC):
     def record(self, what: str, path: str, reason: str) -> None:
         """Note which path was taken for ``what`` and why (shown by ``tessera plugins``)."""
         self.placements.append((what, path, reason))
+
+    def record_path(self, what: str, choice: Choice) -> Choice:
+        """Keep ``choice`` as the backend's path for ``what`` (shown by ``tessera plugins``
+        and logged once, so ``-v`` prints it) and return it."""
+        if self.paths.get(what) != choice:
+            log.info("%s backend: %s: %s", self.name, what, choice)
+        self.paths[what] = choice
+        return choice
 
     # -- arrays ----------------------------------------------------------------------
 

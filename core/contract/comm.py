@@ -18,7 +18,6 @@ counts calls and bytes per collective (the benchmark reports them per token).
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -26,9 +25,11 @@ from typing import Any
 import attrs
 
 from tessera.errors import TesseraError
+from tessera.switches import COMMUNICATOR, text
 
-#: Names the communicator to use, like ``--communicator`` (the switch for A/B runs).
-COMMUNICATOR_ENV = "TESSERA_COMMUNICATOR"
+#: The variable naming the communicator to use, like ``--communicator`` (the switch for
+#: A/B runs; declared in :mod:`tessera.switches`).
+COMMUNICATOR_ENV = COMMUNICATOR.name
 #: Seconds a collective may wait for the other ranks before the group is declared broken.
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -176,7 +177,7 @@ def choose_communicator(
     :class:`CommunicatorError` naming what is missing when no communicator fits.
     """
     world_size = len(probes)
-    requested = requested or os.environ.get(COMMUNICATOR_ENV, "").strip() or None
+    requested = requested or text(COMMUNICATOR)
 
     def lacking(name: str) -> list[str]:
         out = []

@@ -19,7 +19,6 @@ The routed-experts op (``moe_ffn``, optional) only computes the experts a ubatch
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -27,9 +26,11 @@ import attrs
 import numpy as np
 
 from tessera.files.gguf import RawTensor
+from tessera.switches import MOE_FFN_DISABLE, Choice, choose
 
-#: Environment switch: take the core-op fallback even where the backend has ``moe_ffn``.
-MOE_FFN_DISABLE_ENV = "TESSERA_MOE_FFN_DISABLE"
+#: The variable that takes the core-op fallback even where the backend has ``moe_ffn``
+#: (declared in :mod:`tessera.switches`).
+MOE_FFN_DISABLE_ENV = MOE_FFN_DISABLE.name
 
 
 @attrs.frozen
@@ -252,13 +253,15 @@ def route_top_k(
     return ids.astype(np.int32), weights.astype(np.float32)
 
 
-def moe_ffn_enabled(backend: Any, **params: Any) -> tuple[bool, str]:
+def moe_ffn_enabled(backend: Any, **params: Any) -> Choice:
     """Whether to call the backend's ``moe_ffn`` op, and why (switch, probe)."""
-    if os.environ.get(MOE_FFN_DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no"):
-        return False, f"disabled by {MOE_FFN_DISABLE_ENV}"
-    if not backend.supports("moe_ffn", **params):
-        return False, f"backend {backend.name} declines moe_ffn"
-    return True, "backend supports moe_ffn"
+
+    def probe() -> tuple[bool, str]:
+        if not backend.supports("moe_ffn", **params):
+            return False, f"backend {backend.name} declines moe_ffn"
+        return True, "backend supports moe_ffn"
+
+    return choose(MOE_FFN_DISABLE, probe)
 
 
 def moe_ffn_fallback(

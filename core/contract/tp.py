@@ -15,8 +15,6 @@ import attrs
 if TYPE_CHECKING:
     from tessera.contract.comm import Communicator
 
-REPLICATE_LM_HEAD_ENV = "TESSERA_TP_REPLICATE_LM_HEAD"
-
 
 @attrs.frozen
 class Split:

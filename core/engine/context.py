@@ -15,6 +15,7 @@ from tessera.contract.arch import ForwardInput
 from tessera.engine.batch import Batch
 from tessera.engine.kv_cache import KVCache
 from tessera.errors import ContextOverflowError, TesseraError
+from tessera.switches import KV_ROWS_DISABLE, PRUNE_DISABLE, Choice, choose
 
 log = logging.getLogger("tessera.engine.context")
 
@@ -31,10 +32,10 @@ def _flash_attn(instance: Any, attribute: Any, value: str) -> None:
 
 #: llama.cpp's -fa values. "auto": on where the backend supports ``attention_rows``.
 FLASH_ATTN_MODES = ("on", "off", "auto")
-#: Set (to anything but "" or "0") to force the dense-mask path, for comparison.
-KV_ROWS_DISABLE_ENV = "TESSERA_KV_ROWS_DISABLE"
-#: Set (to anything but "" or "0") to turn prefill pruning off, for comparison.
-PRUNE_DISABLE_ENV = "TESSERA_PRUNE_DISABLE"
+#: The variables that force the dense-mask path and turn prefill pruning off, for
+#: comparison (declared in :mod:`tessera.switches`).
+KV_ROWS_DISABLE_ENV = KV_ROWS_DISABLE.name
+PRUNE_DISABLE_ENV = PRUNE_DISABLE.name
 
 
 @attrs.frozen
@@ -54,42 +55,45 @@ class ContextParams:
 
 def choose_kv_path(
     model: Any, params: ContextParams, backend: Any = None, attention: dict | None = None
-) -> tuple[str, str]:
+) -> Choice:
     """``("rows" | "dense", why)``: the rows path needs a unified KV cache, flash attention
     on (or auto), the backend's probe saying yes, and no ``TESSERA_KV_ROWS_DISABLE``.
 
     Without a model (``tessera plugins``) pass ``backend`` and the attention parameters.
     """
-    if os.environ.get(KV_ROWS_DISABLE_ENV, "") not in ("", "0"):
-        return "dense", f"{KV_ROWS_DISABLE_ENV} set"
-    if params.flash_attn == "off":
-        return "dense", "-fa off"
-    if not params.kv_unified:
-        return "dense", "KV cache split per sequence (not unified)"
     if model is not None:
         backend = model.backend
         attention = dict(model.arch.required_ops(model.config)).get("attention", {})
-    if not backend.supports("attention_rows", **(attention or {})):
-        return "dense", f"backend {backend.name} does not support attention_rows"
-    return (
-        "rows",
-        f"unified, -fa {params.flash_attn}, backend {backend.name} supports attention_rows",
-    )
+
+    def probe() -> tuple[bool, str]:
+        if params.flash_attn == "off":
+            return False, "-fa off"
+        if not params.kv_unified:
+            return False, "KV cache split per sequence (not unified)"
+        if not backend.supports("attention_rows", **(attention or {})):
+            return False, f"backend {backend.name} does not support attention_rows"
+        return True, (
+            f"unified, -fa {params.flash_attn}, backend {backend.name} supports attention_rows"
+        )
+
+    return choose(KV_ROWS_DISABLE, probe, on="rows", off="dense")
 
 
-def choose_prune(params: ContextParams) -> tuple[bool, str]:
+def choose_prune(params: ContextParams) -> Choice:
     """``(allowed, why)`` for prefill pruning (rows that need no output skip the KV-shared
     layers): one sequence (n_seq_max 1), a unified KV cache, not ``--no-prune`` and no
     ``TESSERA_PRUNE_DISABLE``. Per ubatch, embeddings and intermediate outputs turn it off."""
-    if os.environ.get(PRUNE_DISABLE_ENV, "") not in ("", "0"):
-        return False, f"{PRUNE_DISABLE_ENV} set"
-    if not params.prune:
-        return False, "--no-prune"
-    if params.n_seq_max != 1:
-        return False, f"n_seq_max {params.n_seq_max} > 1"
-    if not params.kv_unified:
-        return False, "KV cache split per sequence (not unified)"
-    return True, "one sequence, unified KV"
+
+    def probe() -> tuple[bool, str]:
+        if not params.prune:
+            return False, "--no-prune"
+        if params.n_seq_max != 1:
+            return False, f"n_seq_max {params.n_seq_max} > 1"
+        if not params.kv_unified:
+            return False, "KV cache split per sequence (not unified)"
+        return True, "one sequence, unified KV"
+
+    return choose(PRUNE_DISABLE, probe)
 
 
 class Context:

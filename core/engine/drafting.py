@@ -12,7 +12,6 @@ Switch: ``TESSERA_SPEC_ADAPTIVE=0`` drafts at every step with the length fixed a
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,10 +19,7 @@ import attrs
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecParams
 from tessera.engine.verify import NO_DRAFT, trim_draft
-
-#: Set to 0 to draft at every step with the length fixed at --draft-max (no adaptive
-#: length, no :class:`SpecGovernor`).
-ADAPTIVE_ENV = "TESSERA_SPEC_ADAPTIVE"
+from tessera.switches import SPEC_ADAPTIVE, flag
 
 
 @attrs.define
@@ -164,7 +160,7 @@ class Drafter:
     ) -> None:
         self.decoder, self.params = decoder, params
         self.prompt, self.seq_id = prompt, seq_id
-        adaptive = params.adaptive and _adaptive_env() and not decoder.cheap_drafts
+        adaptive = params.adaptive and flag(SPEC_ADAPTIVE) and not decoder.cheap_drafts
         self.length = DraftLength(n_max, adaptive)
         self.governor: SpecGovernor | None = None
         if governed:
@@ -205,10 +201,6 @@ class Drafter:
         """The step took ``seconds`` and emitted ``n_emitted`` tokens (for the governor)."""
         if self.governor is not None:
             self.governor.record(self.asked, seconds, n_emitted)
-
-
-def _adaptive_env() -> bool:
-    return os.environ.get(ADAPTIVE_ENV, "1") not in ("0", "")
 
 
 def create_decoder(runtime: Any, name: str, ctx: Any, params: SpecParams) -> SpecDecoder:

@@ -28,11 +28,12 @@ import numpy as np
 
 from tessera.contract.backend import Backend
 from tessera.errors import ContextOverflowError, TesseraError
+from tessera.switches import BATCHED_COPY_DISABLE, Choice, choose
 
 MAGIC = b"TSRSTATE"
 FORMAT_VERSION = 1
-#: Set (to anything but "" or "0") to move tensors one at a time, for comparison.
-BATCHED_COPY_DISABLE_ENV = "TESSERA_BATCHED_COPY_DISABLE"
+#: The variable that moves tensors one at a time (declared in :mod:`tessera.switches`).
+BATCHED_COPY_DISABLE_ENV = BATCHED_COPY_DISABLE.name
 _PREFIX = struct.Struct("<8sII")  # magic, format version, header length
 _DIGEST = 32
 
@@ -41,13 +42,15 @@ class StateFileError(TesseraError):
     """A context state file cannot be loaded into this context."""
 
 
-def batched_transfers(backend: Backend, op: str) -> tuple[bool, str]:
+def batched_transfers(backend: Backend, op: str) -> Choice:
     """``(use the backend's batched op, why)``: its probe says yes and no switch is set."""
-    if os.environ.get(BATCHED_COPY_DISABLE_ENV, "") not in ("", "0"):
-        return False, f"{BATCHED_COPY_DISABLE_ENV} set"
-    if not backend.supports(op):
+
+    def probe() -> tuple[bool, str]:
+        if backend.supports(op):
+            return True, f"backend {backend.name} supports {op}"
         return False, f"backend {backend.name} does not support {op}"
-    return True, f"backend {backend.name} supports {op}"
+
+    return choose(BATCHED_COPY_DISABLE, probe)
 
 
 def get_n(backend: Backend, tensors: Sequence[Any], rows_list: Sequence[Any]) -> list[np.ndarray]:

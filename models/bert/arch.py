@@ -23,7 +23,7 @@ from tessera.contract.arch import EncoderArchitecture, check_tensors, metadata_k
 from tessera.engine.pooling import POOLING_TYPES, pooling_name
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
-from tessera.models.bert.graph import BertGraph
+from tessera.models.bert.graph import FUSED_LINEAR_DISABLE, FUSED_QKV, BertGraph
 
 TESSERA_PLUGIN_API = 1
 
@@ -262,3 +262,9 @@ class BertArchitecture(EncoderArchitecture):
 @hookimpl
 def tessera_register_architectures(register):
     register(BertArchitecture())
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(FUSED_LINEAR_DISABLE)
+    register(FUSED_QKV)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -12,14 +11,22 @@ import numpy as np
 from tessera.contract.arch import ForwardInput
 from tessera.engine.pooling import SequenceAttention
 from tessera.errors import TesseraError
+from tessera.switches import OFF, ON, Switch, choose
 
 if TYPE_CHECKING:
     from tessera.models.bert.arch import BertConfig
 
-#: Set (to anything but "" or "0") to run dense layers as matmul + add, for comparison.
-FUSED_LINEAR_DISABLE_ENV = "TESSERA_FUSED_LINEAR_DISABLE"
-#: ``0`` runs Q, K and V as three dense layers instead of one over their concatenation.
-FUSED_QKV_ENV = "TESSERA_BERT_FUSED_QKV"
+FUSED_LINEAR_DISABLE = Switch(
+    "TESSERA_FUSED_LINEAR_DISABLE",
+    "BERT dense layers as matmul then add instead of the backend's fused linear op",
+    OFF,
+)
+FUSED_QKV = Switch(
+    "TESSERA_BERT_FUSED_QKV",
+    "BERT Q/K/V as one dense layer over their concatenated weights; 0: three layers",
+    ON,
+    default=True,
+)
 
 
 class BertGraph:
@@ -30,18 +37,11 @@ class BertGraph:
         self.w = weights
         self.b = backend
         self.attn_scale = 1.0 / math.sqrt(config.head_dim)
-        self.fused = backend.supports("linear") and os.environ.get(
-            FUSED_LINEAR_DISABLE_ENV, ""
-        ) in ("", "0")
-        backend.record(
-            "bert dense layers",
-            "linear" if self.fused else "matmul + add",
-            "backend supports linear"
-            if self.fused
-            else f"{FUSED_LINEAR_DISABLE_ENV} set"
-            if backend.supports("linear")
-            else "backend declines linear",
-        )
+        linear = backend.supports("linear")
+        why = "backend supports linear" if linear else "backend declines linear"
+        dense = choose(FUSED_LINEAR_DISABLE, (linear, why), on="linear", off="matmul + add")
+        self.fused = dense.path == "linear"
+        backend.record("bert dense layers", *dense)
         self.qkv = self._fuse_qkv()
         if "token_types.weight" in weights:
             self.type0 = backend.get_rows(weights["token_types.weight"], np.zeros(1, np.int32))
@@ -71,20 +71,17 @@ class BertGraph:
             for part in ("weight", "bias")
             for x in "qkv"
         ]
-        if os.environ.get(FUSED_QKV_ENV, "").strip() == "0":
-            why = f"{FUSED_QKV_ENV}=0"
-        elif not self.fused:
-            why = "dense layers run as matmul + add"
-        elif not all(isinstance(self.w[n], plain) for n in names):
-            why = "q/k/v weights are not plain arrays (a weight kernel)"
-        else:
-            why = ""
-        b.record(
-            "bert q/k/v",
-            "three dense layers" if why else "one fused dense layer",
-            why or "q/k/v weights concatenated at load",
-        )
-        if why:
+
+        def probe() -> tuple[bool, str]:
+            if not self.fused:
+                return False, "dense layers run as matmul + add"
+            if not all(isinstance(self.w[n], plain) for n in names):
+                return False, "q/k/v weights are not plain arrays (a weight kernel)"
+            return True, "q/k/v weights concatenated at load"
+
+        qkv = choose(FUSED_QKV, probe, on="one fused dense layer", off="three dense layers")
+        b.record("bert q/k/v", *qkv)
+        if qkv.path != "one fused dense layer":
             return None
         fused = []
         for il in range(self.c.n_layer):

@@ -25,6 +25,7 @@ from tessera.plugins.spec.cli import (
     spec_summary,
     spec_type_from_args,
 )
+from tessera.plugins.tensor_parallel.launch import SWITCHES as TP_SWITCHES
 from tessera.plugins.tensor_parallel.launch import add_tp_arguments, tp_requested
 
 TESSERA_PLUGIN_API = 1
@@ -194,3 +195,9 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
 @hookimpl
 def tessera_register_commands(register):
     register(Command("run", "generate text from a prompt", add_arguments, run))
+
+
+@hookimpl
+def tessera_register_switches(register):
+    for switch in TP_SWITCHES:  # tensor parallel runs through this command (--tp)
+        register(switch)

@@ -2,9 +2,13 @@
 gives.
 
 This package's root is its public module: the server imports
-:class:`JsonConstraintFactory` from here, and nothing else of it.
+:class:`JsonConstraintFactory` and the package's switches (:data:`SWITCHES`, which the
+server registers) from here, and nothing else of it.
 """
 
-from tessera.plugins.json_constraint.constraint import JsonConstraintFactory
+from tessera.plugins.json_constraint.constraint import REJECTION, VECTOR, JsonConstraintFactory
 
-__all__ = ["JsonConstraintFactory"]
+#: The package's environment switches.
+SWITCHES = (REJECTION, VECTOR)
+
+__all__ = ["SWITCHES", "JsonConstraintFactory"]

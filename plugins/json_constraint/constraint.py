@@ -16,7 +16,6 @@ byte.
 from __future__ import annotations
 
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from tessera.engine.sampling import Sampler
 from tessera.errors import TesseraError
 from tessera.plugins.json_constraint.masks import MaskBuilder
 from tessera.plugins.json_constraint.prefix import JsonPrefix
+from tessera.switches import ON, Switch, flag
 
 # Rejections before the whole allowed mask is computed instead (bounds the worst case).
 REJECTION_TRIES = 16
@@ -37,10 +37,18 @@ LAZY_VISITS = 1
 MASK_CACHE_SIZE = 256
 # Tokens past the top valid one a min-p-only sampler looks at before computing the mask.
 MIN_P_WINDOW = 64
-# TESSERA_JSON_REJECTION=0 turns off rejection sampling: every step computes the full mask.
-REJECTION_ENV = "TESSERA_JSON_REJECTION"
-# TESSERA_JSON_VECTOR=0 checks string states with the trie walk instead of the numpy scan.
-VECTOR_ENV = "TESSERA_JSON_VECTOR"
+REJECTION = Switch(
+    "TESSERA_JSON_REJECTION",
+    "JSON output samples first and checks the token (rejection); 0: the full mask every step",
+    ON,
+    default=True,
+)
+VECTOR = Switch(
+    "TESSERA_JSON_VECTOR",
+    "JSON string states checked by the numpy scan over the vocabulary; 0: the trie walk",
+    ON,
+    default=True,
+)
 
 
 class JsonConstraintFactory:
@@ -60,7 +68,7 @@ class JsonConstraintFactory:
         self.n_vocab = int(tokenizer.n_vocab)
         self.max_ws_run = max_ws_run
         if rejection is None:
-            rejection = os.environ.get(REJECTION_ENV, "1") != "0"
+            rejection = flag(REJECTION)
         self.rejection = rejection
         self.rejection_tries = rejection_tries
         self.mask_cache_size = mask_cache_size
@@ -80,7 +88,7 @@ class JsonConstraintFactory:
             )
         self._masks: OrderedDict[tuple, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         if vector_strings is None:
-            vector_strings = os.environ.get(VECTOR_ENV, "1") != "0"
+            vector_strings = flag(VECTOR)
         self._builder = MaskBuilder(self.token_bytes, vector_strings)
 
     def new(self) -> JsonConstraint:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from tessera.switches import Choice, Switch, choose, number
+
 F32 = np.float32
 QK_K = 256
 #: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it counts as all zero.
@@ -152,13 +154,16 @@ class TorchInt4DenseWeight:
         return F.embedding(torch.from_numpy(np.asarray(ids, dtype=np.int64)), self.dense)
 
 
-def int4_decode_rows(backend: Any, env: str) -> float:
+def choose_int4_rows(backend: Any, switch: Switch) -> Choice:
     """Rows from which a 4-bit K-quant matmul dequantizes instead of using torch's int4
-    kernel; 0 where that kernel is not used: float32 on the CPU (there it is ~30x slower
-    than a dequantized matmul) or ``env`` set to 0. ``env`` may give another row count."""
-    import os
-
-    value = os.environ.get(env, "").strip()
-    if value:
-        return float(value)
-    return 0.0 if backend.dtype == "f32" else 16.0
+    kernel (the Choice's path); 0 where that kernel is not used: float32 on the CPU (there
+    it is ~30x slower than a dequantized matmul) or ``switch`` set to 0. ``switch`` may
+    give another row count."""
+    rows = number(switch)
+    if rows is not None:
+        why = f"{switch.name}={rows:g}"
+    elif backend.dtype == "f32":
+        rows, why = 0.0, "float32 on the CPU: torch's int4 kernel is ~30x slower there"
+    else:
+        rows, why = 16.0, f"decode (fewer than 16 rows) in {backend.dtype}"
+    return choose(switch, (rows > 0, why), on=rows, off=0.0)

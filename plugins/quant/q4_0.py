@@ -17,7 +17,6 @@ path's values).
 from __future__ import annotations
 
 import math
-import os
 from functools import partial
 from typing import Any
 
@@ -31,6 +30,7 @@ from tessera.contract.quant import (
     kernel_matches_reference,
 )
 from tessera.hookspecs import hookimpl
+from tessera.switches import NUMBER, Choice, Switch, choose, number
 
 TESSERA_PLUGIN_API = 1
 
@@ -41,6 +41,13 @@ TYPE_SIZE = 2 + BLOCK_SIZE // 2
 #: Measured by CPU time on a 4864x896 weight in bf16 (AMX): int4 / dequantize+dense is
 #: 0.74 at 64 rows and 1.37 at 128 (docs/performance.md).
 DEFAULT_DENSE_MIN_ROWS = 96
+DENSE_ROWS = Switch(
+    "TESSERA_Q4_0_DENSE_ROWS",
+    f"CPU Q4_0 matmuls of this many rows or more (default {DEFAULT_DENSE_MIN_ROWS}) dequantize "
+    "and use the dense matmul instead of the int4 kernel; inf: never",
+    NUMBER,
+    off_at=math.inf,
+)
 #: Matmuls of fewer rows use the native VNNI kernel where its probe passes
 #: (:mod:`tessera.backends.native.kernels`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
 #: native / int4 CPU time on a 4864x896 weight: 0.6 at 1 row, 0.5 at 32, 0.7 at 64.
@@ -196,12 +203,16 @@ def int4_ops(device_type: str) -> tuple[Any, Any] | None:
     return getattr(aten, names[0]), getattr(aten, names[1])
 
 
-def dense_min_rows(device_type: str) -> float:
-    """Rows from which a Q4_0 matmul dequantizes instead (CPU only; env to change or disable)."""
+def choose_dense_rows(device_type: str) -> Choice:
+    """The rows from which a Q4_0 matmul dequantizes instead (the Choice's path; ``inf``:
+    never): on the CPU only, ``TESSERA_Q4_0_DENSE_ROWS`` or the default."""
+    rows = number(DENSE_ROWS)
+    rows = float(DEFAULT_DENSE_MIN_ROWS) if rows is None else rows
     if device_type != "cpu":
-        return math.inf
-    value = os.environ.get("TESSERA_Q4_0_DENSE_ROWS", "").strip()
-    return float(value) if value else float(DEFAULT_DENSE_MIN_ROWS)
+        probe = (False, f"not on the CPU ({device_type}): the int4 kernel for every size")
+    else:
+        probe = (True, f"from {rows:g} rows on the dense matmul, fewer on the int4 kernel")
+    return choose(DENSE_ROWS, probe, on=rows, off=math.inf)
 
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4_0Weight:
@@ -214,8 +225,8 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4
     mm = int4_ops(device.type)[1]
     n_out = raw.shape[0]
     rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1)
-    if min_rows is None:
-        min_rows = dense_min_rows(device.type)
+    if min_rows is None:  # (the probe passes its own)
+        min_rows = backend.record_path("Q4_0 dense rows", choose_dense_rows(device.type)).path
     native = native_probe(backend) if device.type == "cpu" else None
     weight = TorchQ4_0Weight(file_bytes_tensor(rows), device, n_out, mm, dtype, min_rows, native)
     if native is None:
@@ -274,3 +285,8 @@ def tessera_register_weight_kernels(register):
             description="torch int4 kernel (4-bit in memory); decode: native VNNI if probed",
         )
     )
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(DENSE_ROWS)

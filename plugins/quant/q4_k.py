@@ -30,13 +30,14 @@ from tessera.plugins.quant.kquant_common import (
     F32,
     QK_K,
     TorchInt4DenseWeight,
+    choose_int4_rows,
     fp16_bytes,
-    int4_decode_rows,
     nearest_int,
     seq_sum,
     torch_grouped_weight,
 )
 from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
+from tessera.switches import NUMBER, Switch
 
 TESSERA_PLUGIN_API = 1
 
@@ -44,9 +45,13 @@ TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
 GROUP = 32
 NMAX = 15
 N_GROUPS = QK_K // GROUP
-#: ``0`` turns the CPU int4 decode path off (the weight is then only dequantized once at
-#: load); another value is the row count from which matmuls use that dense copy (default 16).
-INT4_ENV = "TESSERA_Q4_K_INT4_ROWS"
+INT4_ROWS = Switch(
+    "TESSERA_Q4_K_INT4_ROWS",
+    "Q4_K matmuls of fewer rows (default 16, CPU bf16/f16) on torch's int4 kernel, larger "
+    "ones on a dense copy; 0: only the dense copy",
+    NUMBER,
+    off_at=0.0,
+)
 
 
 def make_qkx2_quants(
@@ -162,7 +167,8 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
     )
     if backend.torch_device.type != "cpu":
         return grouped
-    min_rows = int4_decode_rows(backend, INT4_ENV) if min_rows is None else min_rows
+    if min_rows is None:  # (the probe passes its own)
+        min_rows = backend.record_path("Q4_K int4 rows", choose_int4_rows(backend, INT4_ROWS)).path
     ops = int4_ops("cpu")
     if min_rows <= 0 or ops is None:
         return grouped
@@ -182,7 +188,7 @@ def supports_torch(backend: Any) -> bool:
     if getattr(backend, "name", "") != "torch":
         return False
     if backend.torch_device.type == "cpu" and (
-        int4_decode_rows(backend, INT4_ENV) <= 0 or int4_ops("cpu") is None
+        choose_int4_rows(backend, INT4_ROWS).path <= 0 or int4_ops("cpu") is None
     ):
         return False
     cache = backend.probe_cache
@@ -207,3 +213,8 @@ def tessera_register_weight_kernels(register):
             description="uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
         )
     )
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(INT4_ROWS)

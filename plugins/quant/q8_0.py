@@ -15,7 +15,6 @@ instead, and no int4 halves are made.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,7 @@ from tessera.contract.quant import (
     kernel_matches_reference,
 )
 from tessera.hookspecs import hookimpl
+from tessera.switches import NUMBER, Choice, Switch, choose, number
 
 TESSERA_PLUGIN_API = 1
 
@@ -36,6 +36,13 @@ TYPE_SIZE = 2 + BLOCK_SIZE
 #: On the CPU, matmuls of this many rows or more dequantize instead of using the int4 pair
 #: (two int4 calls: the crossover with one dequantized bf16 matmul comes early, ~8 rows).
 DEFAULT_DENSE_MIN_ROWS = 8
+DENSE_ROWS = Switch(
+    "TESSERA_Q8_0_DENSE_ROWS",
+    f"Q8_0 matmuls of this many rows or more (default {DEFAULT_DENSE_MIN_ROWS} on the CPU in "
+    "bf16/f16) dequantize instead of the exact int4-pair kernel; 0: always dequantize",
+    NUMBER,
+    off_at=0.0,
+)
 #: Matmuls of fewer rows use the native VNNI kernel where its probe passes
 #: (:mod:`tessera.backends.native.kernels`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
 #: native / torch CPU time on a 4864x896 weight: 0.15 at 8 rows, 0.6 at 32, 1.3 at 64.
@@ -164,16 +171,21 @@ def split_int4(q: np.ndarray, d: np.ndarray) -> tuple[tuple[np.ndarray, ...], ..
     return (u >> np.uint8(4), 16 * d, zeros), (u & np.uint8(15), d, 8 * d)
 
 
-def dense_min_rows(backend: Any) -> float:
-    """Rows from which a matmul dequantizes instead of using the int4 pair: on the CPU only
-    in bf16/f16 (torch's CPU int4 kernel is ~30x slower in float32, so float32 always
-    dequantizes); ``TESSERA_Q8_0_DENSE_ROWS`` overrides (``0``: always dequantize)."""
-    value = os.environ.get("TESSERA_Q8_0_DENSE_ROWS", "").strip()
-    if value:
-        return float(value)
-    if backend.torch_device.type != "cpu":
-        return math.inf
-    return 0.0 if backend.dtype == "f32" else float(DEFAULT_DENSE_MIN_ROWS)
+def choose_dense_rows(backend: Any) -> Choice:
+    """The rows from which a matmul dequantizes instead of using the int4 pair (the
+    Choice's path; 0: always): ``TESSERA_Q8_0_DENSE_ROWS``, else on the CPU only in
+    bf16/f16 (torch's CPU int4 kernel is ~30x slower in float32, so float32 always
+    dequantizes), and every matmul on the int4 pair elsewhere."""
+    rows = number(DENSE_ROWS)
+    if rows is not None:
+        why = f"{DENSE_ROWS.name}={rows:g}"
+    elif backend.torch_device.type != "cpu":
+        rows, why = math.inf, f"not on the CPU ({backend.device})"
+    elif backend.dtype == "f32":
+        rows, why = 0.0, "float32 on the CPU: torch's int4 kernel is ~30x slower there"
+    else:
+        rows, why = float(DEFAULT_DENSE_MIN_ROWS), f"the CPU crossover in {backend.dtype}"
+    return choose(DENSE_ROWS, (rows > 0, why), on=rows, off=0.0)
 
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8_0Weight:
@@ -188,13 +200,16 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
     d = blocks[..., :2].copy().view("<f2")  # (n_out, n_blocks, 1)
     device, dtype = backend.torch_device, backend.torch_dtype
     scales = torch.from_numpy(d).to(device=device, dtype=dtype)
-    min_rows = dense_min_rows(backend) if min_rows is None else min_rows
+    rows = choose_dense_rows(backend) if min_rows is None else None  # (probes pass their own)
+    min_rows = rows.path if rows is not None else min_rows
     native = native_probe(backend) if device.type == "cpu" else None
     in_file = file_bytes_tensor(blocks)  # (n_out, n_blocks, 34), the file's own bytes
     codes = in_file[..., 2:].view(torch.int8)
     if native is not None:  # decode reads the file's bytes in place; prefill dequantizes
         raw_rows = in_file.view(n_out, -1)
         return TorchQ8_0Weight(codes, scales, dtype, None, min_rows, (native, raw_rows))
+    if rows is not None:  # the int4 pair serves decode where it is made: say when
+        backend.record_path("Q8_0 dense rows", rows)
     ops = int4_ops(device.type)
     if min_rows <= 0 or ops is None:
         q = blocks[..., 2:].copy().view(np.int8)
@@ -233,3 +248,8 @@ def tessera_register_weight_kernels(register):
             description="int8 codes + block scales; decode: native VNNI or int4 pair",
         )
     )
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(DENSE_ROWS)

@@ -13,6 +13,7 @@ from typing import Any
 from tessera.contract.commands import Command
 from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
+from tessera.switches import Switch
 
 TESSERA_PLUGIN_API = 1
 
@@ -64,3 +65,12 @@ def tessera_register_commands(register: Callable[[Command], None]) -> None:
             run=_run,
         )
     )
+
+
+@hookimpl
+def tessera_register_switches(register: Callable[[Switch], None]) -> None:
+    # The JSON constraint's switches: the server is the plugin that uses it.
+    from tessera.plugins.json_constraint import SWITCHES
+
+    for switch in SWITCHES:
+        register(switch)

@@ -22,7 +22,15 @@ from tessera.contract.comm import COMMUNICATOR_ENV, DEFAULT_TIMEOUT_S, Communica
 from tessera.errors import TesseraError
 from tessera.plugins.tensor_parallel.lockstep import TPContext, serve_worker
 from tessera.plugins.tensor_parallel.rendezvous import free_port
-from tessera.plugins.tensor_parallel.shard import attach, form_group, load_model_shard
+from tessera.plugins.tensor_parallel.shard import (
+    REPLICATE_LM_HEAD,
+    attach,
+    form_group,
+    load_model_shard,
+)
+
+#: The tensor-parallel switches (registered by the ``run`` command, which launches ranks).
+SWITCHES = (REPLICATE_LM_HEAD,)
 
 
 def add_tp_arguments(parser: argparse.ArgumentParser) -> None:

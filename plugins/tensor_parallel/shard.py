@@ -7,8 +7,8 @@ tensor as the plan says (:func:`slice_tensor`, quantized blocks included), loads
 slices on the backend, then forms the group (:func:`form_group`: rendezvous, capability
 exchange, communicator choice) and builds the plan's graph over that communicator.
 
-Switch: ``TESSERA_TP_REPLICATE_LM_HEAD=1`` keeps the whole LM head on every rank (no
-all-gather of logits) instead of splitting it by vocabulary rows.
+Switch: ``TESSERA_TP_REPLICATE_LM_HEAD=1`` (:data:`REPLICATE_LM_HEAD`) keeps the whole LM
+head on every rank (no all-gather of logits) instead of splitting it by vocabulary rows.
 """
 
 from __future__ import annotations
@@ -31,13 +31,20 @@ from tessera.contract.comm import (
     choose_communicator,
     parse_master,
 )
-from tessera.contract.tp import REPLICATE_LM_HEAD_ENV, Split
+from tessera.contract.tp import Split
 from tessera.errors import ModelFileError, TesseraError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.load import Model, model_identity, select_backend, stored_tensor
 from tessera.plugins.tensor_parallel.rendezvous import free_port, rendezvous
+from tessera.switches import OFF, Switch, flag
 
 log = logging.getLogger("tessera.tp")
+
+REPLICATE_LM_HEAD = Switch(
+    "TESSERA_TP_REPLICATE_LM_HEAD",
+    "tensor parallel keeps the whole LM head on every rank instead of splitting its rows",
+    OFF,
+)
 
 
 def slice_tensor(raw: RawTensor, qtype: Any, split: Split) -> RawTensor:
@@ -115,7 +122,7 @@ def load_model_shard(
     shapes = {name: t.shape for name, t in gguf.tensors.items()}
     config = arch.config_from_gguf(gguf.metadata, shapes)
     if split_lm_head is None:
-        split_lm_head = os.environ.get(REPLICATE_LM_HEAD_ENV, "") in ("", "0")
+        split_lm_head = not flag(REPLICATE_LM_HEAD)
     plan = arch.tensor_parallel(config, rank, world_size, split_lm_head=split_lm_head)
     if plan is None:
         raise TesseraError(

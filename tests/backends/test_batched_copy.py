@@ -95,7 +95,7 @@ def test_switch_selects_the_per_tensor_path(monkeypatch):
     monkeypatch.setenv(context_state.BATCHED_COPY_DISABLE_ENV, "1")
     assert context_state.batched_transfers(torch_backend, "get_n") == (
         False,
-        "TESSERA_BATCHED_COPY_DISABLE set",
+        "disabled by TESSERA_BATCHED_COPY_DISABLE=1",
     )
     context_state.set_n(torch_backend, t, [None], src)
     np.testing.assert_array_equal(context_state.get_n(torch_backend, t, [None])[0], src[0])

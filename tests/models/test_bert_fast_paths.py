@@ -40,7 +40,9 @@ def test_qkv_paths_match_transformers(encoder, backend, fused_qkv, monkeypatch):
     monkeypatch.setenv("TESSERA_BERT_FUSED_QKV", fused_qkv)
     tm = load_model(folder, RUNTIME, backend, dtype="f32")
     if fused_qkv == "0":
-        assert _placement(tm, "bert q/k/v") == [("three dense layers", "TESSERA_BERT_FUSED_QKV=0")]
+        assert _placement(tm, "bert q/k/v") == [
+            ("three dense layers", "disabled by TESSERA_BERT_FUSED_QKV=0")
+        ]
     else:
         assert _placement(tm, "bert q/k/v") == [
             ("one fused dense layer", "q/k/v weights concatenated at load")

@@ -102,7 +102,7 @@ def test_unfused_dense_layers_give_the_same_result(encoder, monkeypatch):
     fused = load_model(files["gguf"], RUNTIME, BACKENDS[-1], dtype="f32")
     monkeypatch.setenv("TESSERA_FUSED_LINEAR_DISABLE", "1")
     plain = load_model(files["gguf"], RUNTIME, BACKENDS[-1], dtype="f32")
-    assert ("bert dense layers", "matmul + add", "TESSERA_FUSED_LINEAR_DISABLE set") in (
+    assert ("bert dense layers", "matmul + add", "disabled by TESSERA_FUSED_LINEAR_DISABLE=1") in (
         plain.backend.placements
     )
     toks = [Embedder(fused).tokenize(t) for t in SENTENCES]

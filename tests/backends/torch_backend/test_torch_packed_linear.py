@@ -43,7 +43,7 @@ def test_bf16_linear_paths_match_numpy(packed, epilogue, monkeypatch):
     reason = [p for p in b.placements if p[0] == "linear weights"]
     assert reason == [("linear weights", "packed" if took else "F.linear", b._packed_linear.reason)]
     if not packed:
-        assert b._packed_linear.reason == "TESSERA_TORCH_PACKED_LINEAR=0"
+        assert b._packed_linear.reason == "disabled by TESSERA_TORCH_PACKED_LINEAR=0"
 
 
 def test_packed_plain_linear_is_bit_identical_to_f_linear(monkeypatch):

@@ -78,7 +78,7 @@ def test_json_report_has_the_stable_schema(capsys):
     assert set(report) == {
         "schema", "tessera_version", "plugin_api", "plugins", "failures", "architectures",
         "quant_types", "commands", "backends", "conflicts", "communicators", "spec_decoders",
-        "expert_caches",
+        "expert_caches", "switches",
     }  # fmt: skip
     assert {c["name"] for c in report["expert_caches"]} == set(Runtime().expert_caches())
     rt = Runtime()
@@ -172,3 +172,68 @@ def test_report_lists_communicators_with_their_probe_here(capsys):
     main(["plugins", "--no-probe"])
     text, _ = capsys.readouterr()
     assert "communicator pairwise: at most 2 ranks; usable here: tcp" in text
+
+
+def test_switches_lists_every_declared_switch_with_its_owner_and_value(capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_KV_ROWS_DISABLE", "1")
+    monkeypatch.setenv("TESSERA_DISABLE_KERNELS", "q4_0, q8_0")
+    monkeypatch.delenv("TESSERA_PRUNE_DISABLE", raising=False)
+    assert main(["plugins", "--switches"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    columns = ["switch", "owner", "kind", "default", "value", "what it does"]
+    starts = [lines[0].index(c) for c in columns]
+    assert starts == sorted(starts)
+    cut = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = {}
+    assert lines[-1].startswith("kinds — off: a flag; 1 turns its path off")
+    for line in lines[1:-1]:
+        cells = [line[a:b].strip() for a, b in cut]
+        rows[cells[0]] = cells
+    rt = Runtime()
+    assert set(rows) == set(rt.switches())
+    owners = rt.owners("switch")
+    for name, (_, owner, kind, default, _value, help_) in rows.items():
+        switch = rt.switches()[name]
+        assert (owner, kind, default, help_) == (
+            owners[name],
+            switch.kind,
+            switch.shown_default(),
+            switch.help,
+        )
+    assert rows["TESSERA_KV_ROWS_DISABLE"][1:5] == ["core", "off", "0", "1"]
+    assert rows["TESSERA_DISABLE_KERNELS"][4] == "q4_0, q8_0"
+    assert rows["TESSERA_PRUNE_DISABLE"][4] == "unset"
+    assert rows["TESSERA_BERT_FUSED_QKV"][1] == "arch-bert"
+    assert rows["TESSERA_Q4_0_DENSE_ROWS"][1] == "quant-q4_0"
+
+
+def test_switches_in_the_json_report(capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_JSON_VECTOR", "0")
+    monkeypatch.setenv("TESSERA_SPEC_ADAPTIVE", "sometimes")
+    monkeypatch.delenv("TESSERA_COMMUNICATOR", raising=False)
+    entries = {
+        e["name"]: e for e in plugins_json(capsys, "--disable-plugins", "arch-bert")["switches"]
+    }
+    rt = Runtime(disabled=["arch-bert"])
+    assert list(entries) == list(rt.switches())
+    assert "TESSERA_BERT_FUSED_QKV" not in entries  # its plugin is not loaded
+    assert entries["TESSERA_JSON_VECTOR"] == {
+        "name": "TESSERA_JSON_VECTOR",
+        "owner": "server",
+        "kind": "on",
+        "default": "1",
+        "choices": [],
+        "value": "0",
+        "error": None,
+        "help": rt.switches()["TESSERA_JSON_VECTOR"].help,
+    }
+    assert entries["TESSERA_COMMUNICATOR"]["value"] is None
+    bad = entries["TESSERA_SPEC_ADAPTIVE"]
+    assert bad["value"] == "sometimes" and "TESSERA_SPEC_ADAPTIVE='sometimes'" in bad["error"]
+
+
+def test_a_switch_set_to_a_value_it_does_not_take_is_one_error_line(capsys, monkeypatch):
+    monkeypatch.setenv("TESSERA_KV_ROWS_DISABLE", "2")
+    assert main(["plugins"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: TESSERA_KV_ROWS_DISABLE='2' is not a value this switch")

@@ -185,7 +185,7 @@ def numpy_model(tiny_gguf):
         (None, {"flash_attn": "on"}, "rows", "unified, -fa on, backend torch supports"),
         (None, {"flash_attn": "auto"}, "rows", "unified, -fa auto"),
         ("0", {"flash_attn": "on"}, "rows", "unified"),
-        ("1", {"flash_attn": "on"}, "dense", "TESSERA_KV_ROWS_DISABLE set"),
+        ("1", {"flash_attn": "on"}, "dense", "disabled by TESSERA_KV_ROWS_DISABLE=1"),
         (None, {"flash_attn": "off"}, "dense", "-fa off"),
         (None, {"flash_attn": "on", "kv_unified": False}, "dense", "not unified"),
     ],

@@ -82,7 +82,7 @@ def test_markdown_table_names_the_path_and_why(tiny_gguf, capsys, monkeypatch):
     monkeypatch.setenv("TESSERA_KV_ROWS_DISABLE", "1")
     out = _run(capsys, tiny_gguf, "-npp", "8", "-ntg", "2", "-npl", "2", "--kv-unified")
     lines = out.splitlines()
-    assert "kv path: dense (TESSERA_KV_ROWS_DISABLE set)" in lines
+    assert "kv path: dense (disabled by TESSERA_KV_ROWS_DISABLE=1)" in lines
     header = next(line for line in lines if line.startswith("|    PP"))
     cells = [c.strip() for c in header.strip("|").split("|")]
     assert cells == [

@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from tessera import switches
 from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
 from tessera.contract.quant import WeightKernel, kernel_matches_reference
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
-from tessera.plugin_manager import env_list
 from tessera_example_backend.quant import BLOCK_SIZE, EX_I8, split_blocks
 
 TESSERA_PLUGIN_API = 1
@@ -65,7 +65,7 @@ class ExampleBackend(Backend):
 
     def load_weight(self, raw: Any, qtype: Any) -> Any:
         kernel = self._kernels.get(qtype.name) if len(raw.shape) == 2 else None
-        off = {n.upper() for n in env_list("TESSERA_DISABLE_KERNELS")}
+        off = {n.upper() for n in switches.names(switches.DISABLE_KERNELS)}
         switched_off = bool({"ALL", qtype.name.upper()} & off)
         if kernel is not None and not switched_off and kernel.supports(self):
             self.record(raw.name, f"kernel {qtype.name}", kernel.description)
