@@ -92,6 +92,9 @@ KINDS: dict[str, CatalogueKind] = {
     "weight_kernel": CatalogueKind(
         "tessera_register_weight_kernels", lambda k: [(k.backend, k.quant_type)]
     ),
+    "block_fusion": CatalogueKind(
+        "tessera_register_block_fusions", lambda f: [(f.backend, f.block)]
+    ),
     "command": CatalogueKind("tessera_register_commands", lambda c: [c.name]),
     "route": CatalogueKind(
         "tessera_register_routes", lambda r: [f"{m} {r.path}" for m in r.methods]
@@ -199,6 +202,17 @@ class Catalogues:
 
     def weight_kernels(self) -> dict[tuple[str, str], Any]:
         return self.catalogue("weight_kernel")
+
+    def block_fusions(self) -> dict[tuple[str, str], Any]:
+        """Block fusions (:class:`tessera.contract.fusion.BlockFusion`) by (backend, block)."""
+        return self.catalogue("block_fusion")
+
+    def equip(self, backend: Any) -> Any:
+        """Hand ``backend`` the weight kernels and block fusions registered for it (the
+        loader does this before loading weights); returns it."""
+        backend.use_kernels(self.weight_kernels())
+        backend.use_fusions(self.block_fusions())
+        return backend
 
     def commands(self) -> dict[str, Any]:
         return self.catalogue("command")

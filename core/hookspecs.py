@@ -24,6 +24,7 @@ Every registered object is plain data or an instance of a documented base class:
 - :class:`tessera.contract.arch.Architecture`
 - :class:`tessera.contract.quant.QuantType`
 - :class:`tessera.contract.quant.WeightKernel`
+- :class:`tessera.contract.fusion.BlockFusion`
 - :class:`tessera.contract.commands.Command`
 - :class:`tessera.contract.routes.ServerRoute`
 - :class:`tessera.contract.experts.ExpertCacheInfo` creating an expert cache
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from tessera.contract.comm import CommunicatorInfo
     from tessera.contract.commands import Command
     from tessera.contract.experts import ExpertCacheInfo
+    from tessera.contract.fusion import BlockFusion
     from tessera.contract.quant import QuantType, WeightKernel
     from tessera.contract.routes import ServerRoute
     from tessera.contract.spec import SpecDecoderInfo
@@ -107,6 +109,21 @@ def tessera_register_weight_kernels(register: Callable[[WeightKernel], None]) ->
     backend asks ``supports(backend)`` (the capability probe) before it uses ``load``; when
     no kernel is registered, the probe declines, or the kernel is switched off
     (``TESSERA_DISABLE_KERNELS``), the backend falls back to dequantizing the weight.
+    """
+
+
+@hookspec
+def tessera_register_block_fusions(register: Callable[[BlockFusion], None]) -> None:
+    """Register whole-block kernels: one kind of block of an architecture on one backend.
+
+    Called once, when the loader first equips a backend. Call
+    ``register(BlockFusion(backend=..., block=..., run=..., probe=...))``, ``block`` naming
+    the kind of block (:data:`tessera.contract.fusion.LLAMA_DECODER`: a llama-family
+    decoder layer for one decode token, described by a
+    :class:`tessera.contract.fusion.DecoderBlock`). An architecture asks
+    ``backend.fusion(block)`` when it builds its graph; ``probe(backend)`` decides whether
+    the fusion serves that backend instance, and ``run`` may still decline one call by
+    returning None (the architecture then runs the block's ops).
     """
 
 

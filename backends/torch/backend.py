@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.contract.backend import BackendInfo
+from tessera.contract.fusion import LLAMA_DECODER, BlockFusion
 from tessera.errors import SwitchValueError, UnknownBackendError
 from tessera.hookspecs import hookimpl
 from tessera.switches import CHOICE, ON, Switch, text
@@ -153,6 +154,31 @@ def tessera_register_backends(register):
             create,
             "torch on cpu/cuda; bf16 where fast; int4/int8 weight kernels; SDPA attention",
             priority=100,  # the fast backend: chosen over the numpy reference by default
+        )
+    )
+
+
+def _run_llama_decoder(backend: Any, *inputs: Any) -> Any:
+    from tessera.backends.torch.block import decoder_block
+
+    return decoder_block(backend, *inputs)
+
+
+def _serves_llama_decoder(backend: Any) -> bool:
+    from tessera.backends.torch.block import choose_block
+
+    return choose_block(backend).path == "one native call"
+
+
+@hookimpl
+def tessera_register_block_fusions(register):
+    register(
+        BlockFusion(
+            "torch",
+            LLAMA_DECODER,
+            _run_llama_decoder,
+            _serves_llama_decoder,
+            "a llama-family layer per decode token in one native call (tsr_block_decode)",
         )
     )
 

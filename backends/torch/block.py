@@ -1,5 +1,6 @@
-"""The torch backend's ``decoder_block`` op: a whole llama-family block per decode token in
-one native call (:mod:`tessera.backends.native.kernels`, ``tsr_block_decode``).
+"""The torch backend's :data:`~tessera.contract.fusion.LLAMA_DECODER` block fusion: a whole
+llama-family block per decode token in one native call
+(:mod:`tessera.backends.native.kernels`, ``tsr_block_decode``).
 
 Op by op, a decode token crosses from Python into torch or C about 13 times per layer;
 each crossing costs tens of microseconds next to matmuls that read a few hundred KiB,
@@ -12,8 +13,8 @@ It declines (returns None, nothing written) unless every matrix runs a native ke
 one row (Q/K/V of one type, gate/up of one type), the biases and caches are in the compute
 dtype, and the token attends to one list of rows with nothing masked (no sliding window).
 ``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
-``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this op
-(the ops run one by one).
+``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this
+fusion (the ops run one by one).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ DECODER_BLOCK_DISABLE = Switch(
 
 
 def choose_block(backend: Any) -> Choice:
-    """Whether ``backend`` offers ``decoder_block``: the switch, then the native kernels;
+    """Whether the fusion serves ``backend``: the switch, then the native kernels;
     recorded as its ``"decoder block"`` path."""
 
     def probe() -> tuple[bool, str]:
@@ -55,7 +56,8 @@ def decoder_block(
     kv_rows: Any,
     positions: np.ndarray,
 ) -> Any | None:
-    """See :meth:`tessera.contract.backend.Backend.decoder_block`."""
+    """The block's output, or None with nothing written (see
+    :data:`tessera.contract.fusion.LLAMA_DECODER`)."""
     native = backend._native()
     if native is None or x.shape[0] != 1 or not x.is_contiguous():
         return None

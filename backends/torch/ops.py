@@ -22,7 +22,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tessera.backends.torch import block as torch_block
 from tessera.backends.torch.attention import AttentionOps
 from tessera.backends.torch.backend import INFERENCE_MODE
 from tessera.backends.torch.norms import NormOps
@@ -71,8 +70,6 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         if op in ("rope", "rope_ext"):
             n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
-        if op == "decoder_block":
-            return torch_block.choose_block(self).path == "one native call"
         if op in ("attention", "attention_rows"):
             n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
@@ -148,9 +145,6 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         return F.gelu(x)
 
     # -- fused ops and the forward pass ----------------------------------------------
-
-    def decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions):
-        return torch_block.decoder_block(self, x, block, k_cache, v_cache, cell, kv_rows, positions)
 
     def moe_ffn(self, x, expert_ids, expert_weights, experts):
         from tessera.backends.torch.moe import moe_ffn

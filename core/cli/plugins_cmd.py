@@ -64,12 +64,18 @@ def _backend_lines(runtime: Any) -> list[str]:
             if kb == name:
                 state = "active" if kernel.supports(backend) else "declined by probe"
                 lines.append(f"    kernel {qname}: {state} {kernel.description}".rstrip())
+        for (fb, block), fusion in sorted(runtime.block_fusions().items()):
+            if fb == name:
+                state = "active" if fusion.probe(backend) else "declined by probe"
+                lines.append(f"    fusion {block}: {state} {fusion.description}".rstrip())
         for what, choice in backend.paths.items():  # what the probes above decided
             lines.append(f"    {what}: {choice}")
     return lines
 
 
-def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str, Any]:
+def _backend_entry(
+    name: str, info: Any, kernels: dict, fusions: dict, probe: bool
+) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "name": name,
         "description": info.description,
@@ -82,6 +88,11 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
         "kernels": [
             {"quant_type": q, "description": k.description, "state": "not probed"}
             for (b, q), k in sorted(kernels.items())
+            if b == name
+        ],
+        "fusions": [
+            {"block": f.block, "description": f.description, "state": "not probed"}
+            for (b, _), f in sorted(fusions.items())
             if b == name
         ],
         "paths": None,
@@ -98,6 +109,9 @@ def _backend_entry(name: str, info: Any, kernels: dict, probe: bool) -> dict[str
     for k in entry["kernels"]:
         supported = kernels[(name, k["quant_type"])].supports(backend)
         k["state"] = "active" if supported else "declined by probe"
+    for f in entry["fusions"]:
+        serves = fusions[(name, f["block"])].probe(backend)
+        f["state"] = "active" if serves else "declined by probe"
     return {
         **entry,
         "usable": True,
@@ -184,7 +198,7 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
     kernels = runtime.weight_kernels()
     archs, qtypes, commands = runtime.architectures(), runtime.quant_types(), runtime.commands()
     backends = [
-        _backend_entry(name, info, kernels, probe)
+        _backend_entry(name, info, kernels, runtime.block_fusions(), probe)
         for name, info in sorted(runtime.backends().items())
     ]
     return {

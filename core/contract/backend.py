@@ -26,6 +26,7 @@ import numpy as np
 from tessera.contract.optional_ops import OptionalOps
 
 if TYPE_CHECKING:
+    from tessera.contract.fusion import BlockFusion
     from tessera.contract.quant import QuantType, WeightKernel
     from tessera.files.gguf import RawTensor
     from tessera.switches import Choice
@@ -64,7 +65,6 @@ OPTIONAL_OPS = (
     "linear",
     "matmul_n",
     "gate_up_swiglu",
-    "decoder_block",
 )
 
 
@@ -104,6 +104,8 @@ class Backend(OptionalOps, ABC):
         #: The backend's own switched paths by name (e.g. "native kernels"), each the
         #: :class:`tessera.switches.Choice` made when it was first needed.
         self.paths: dict[str, Choice] = {}
+        #: The block fusions registered for this backend, by kind of block.
+        self.fusions: dict[str, BlockFusion] = {}
 
     # -- capability probe ------------------------------------------------------------
 
@@ -121,6 +123,18 @@ class Backend(OptionalOps, ABC):
         Called by the loader before any :meth:`load_weight`. The default ignores them
         (a backend that never keeps weights quantized needs none).
         """
+
+    def use_fusions(self, fusions: Mapping[tuple[str, str], BlockFusion]) -> None:
+        """Receive the registered block fusions, keyed by ``(backend name, kind of block)``;
+        this backend keeps those registered for its name. Called by the loader before the
+        graph is built."""
+        self.fusions = {block: f for (backend, block), f in fusions.items() if backend == self.name}
+
+    def fusion(self, block: str) -> BlockFusion | None:
+        """The fusion of ``block`` (e.g. :data:`tessera.contract.fusion.LLAMA_DECODER`)
+        for this backend when one is registered and its probe passes here, else None."""
+        found = self.fusions.get(block)
+        return found if found is not None and found.probe(self) else None
 
     def set_threads(self, n_threads: int) -> None:  # noqa: B027
         """Use ``n_threads`` CPU threads (``-t``); backends without a thread pool ignore it."""

@@ -118,34 +118,6 @@ class OptionalOps:
         gate, up = self.matmul_n(x, [w_gate, w_up])
         return self.swiglu(gate, up)
 
-    def decoder_block(
-        self,
-        x: Any,
-        block: Any,
-        k_cache: Any,
-        v_cache: Any,
-        cell: int,
-        kv_rows: Any,
-        positions: np.ndarray,
-    ) -> Any | None:
-        """Optional: a whole llama-family decoder block for one decode token, or None.
-
-        ``x`` is the ``(1, n_embd)`` hidden state (the op may write its result over it:
-        callers pass a value they no longer need), ``block`` a
-        :class:`tessera.contract.fusion.DecoderBlock` (this layer's loaded weights and shape),
-        ``k_cache``/``v_cache`` the layer's ``(C, Hkv, D)`` caches, ``cell`` the cache cell
-        the token's rotated K and its V go to, ``kv_rows`` the token's
-        :class:`tessera.engine.kv_cache.KVRows` (as :meth:`attention_rows` gets them) and
-        ``positions`` its position (``(1,)``). Returns the block's output ``(1, n_embd)``
-        with K/V written, the same as the block's ops one by one (rounding aside), or None
-        — with nothing written — when this backend cannot run this block or this step
-        (weights of a type it has no fused kernel for, a sliding window, ...); the
-        architecture then runs the ops. Backends that may run it answer True to
-        ``supports("decoder_block")``; the default declines.
-        """
-        # An optional op: the default probe declines it (see attention_rows).
-        raise NotImplementedError(f"backend {self.name} does not implement decoder_block")
-
     def moe_ffn(
         self, x: Any, expert_ids: np.ndarray, expert_weights: np.ndarray, experts: Any
     ) -> Any:

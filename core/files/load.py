@@ -150,7 +150,7 @@ def load_model(
         raise UnknownBackendError(
             f"backend '{backend.name}' does not support {', '.join(missing)} needed by this model"
         )
-    backend.use_kernels(runtime.weight_kernels())
+    runtime.equip(backend)
     weights: dict[str, Any] = {}
     items = list(raw.items())
     if progress:

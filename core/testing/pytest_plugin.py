@@ -116,7 +116,7 @@ def _backend(runtime: Any, name: str, device: str | None, dtype: str | None) -> 
     key = (id(runtime), name, device, dtype)
     if key not in _BACKENDS:
         backend = runtime.create_backend(name, device, dtype)
-        backend.use_kernels(runtime.weight_kernels())
+        runtime.equip(backend)
         _BACKENDS[key] = backend
     return _BACKENDS[key]
 

@@ -104,7 +104,7 @@ def random_model(
         backend = select_backend(runtime, arch, config, backend, device, dtype)
     elif missing := unsupported_ops(backend, arch, config):
         raise TesseraError(f"backend '{backend.name}' does not support {', '.join(missing)}")
-    backend.use_kernels(runtime.weight_kernels())
+    runtime.equip(backend)
     rng = np.random.default_rng(seed)
     pool = (rng.standard_normal(1 << 22, dtype=np.float32) * np.float32(0.02)).astype(np.float32)
     fixed: Mapping[str, np.ndarray] = arch.example_tensors(config)

@@ -24,7 +24,7 @@ from tessera.contract.arch import (
     dims_from_hf,
     metadata_key,
 )
-from tessera.contract.fusion import DecoderBlock
+from tessera.contract.fusion import LLAMA_DECODER, DecoderBlock
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 
@@ -317,7 +317,7 @@ class LlamaGraph:
         # A subclass that changes a block (tensor parallel, MoE FFNs) runs its own ops.
         same = type(self)._attention is LlamaGraph._attention
         same = same and type(self)._ffn is LlamaGraph._ffn
-        self._fuse_blocks = same and backend.supports("decoder_block")
+        self._fusion = backend.fusion(LLAMA_DECODER) if same else None
 
     def _project(self, x: Any, name: str) -> Any:
         y = self.b.matmul(x, self.w[name + ".weight"])
@@ -356,10 +356,10 @@ class LlamaGraph:
         for il in range(c.n_layer):
             p = f"blk.{il}."
             if blocks is not None:
-                # decode: the whole block in one backend call where the backend can
-                y = b.decoder_block(
-                    x, blocks[il], kv.k[il], kv.v[il], cell, rows, inp.positions
-                )  # fmt: skip
+                # decode: the whole block in one call where a fusion serves this backend
+                y = self._fusion.run(
+                    b, x, blocks[il], kv.k[il], kv.v[il], cell, rows, inp.positions
+                )
                 if y is not None:
                     x = y
                     continue
@@ -381,9 +381,9 @@ class LlamaGraph:
         return self._logits(x)
 
     def _decoder_blocks(self) -> list[DecoderBlock] | None:
-        """Each layer as a :class:`DecoderBlock` for the backend's ``decoder_block`` op,
-        made once; None when the op is not used for this model."""
-        if not self._fuse_blocks:
+        """Each layer as a :class:`DecoderBlock` for the backend's block fusion, made
+        once; None when no fusion serves this model."""
+        if self._fusion is None:
             return None
         if self._blocks is None:
             self._blocks = [self._decoder_block(il) for il in range(self.c.n_layer)]

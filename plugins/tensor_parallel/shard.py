@@ -133,7 +133,7 @@ def load_model_shard(
     qtypes = {name: runtime.quant_type(t.ggml_type, name) for name, t in raw.items()}
     if backend is None or isinstance(backend, str):
         backend = select_backend(runtime, arch, plan.local_config, backend, device, dtype)
-    backend.use_kernels(runtime.weight_kernels())
+    runtime.equip(backend)
     weights: dict[str, Any] = {}
     for local, (source, split) in plan.shards(raw).items():
         tensor = stored_tensor(raw[source], qtypes[source])

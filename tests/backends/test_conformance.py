@@ -16,7 +16,7 @@ SETTINGS = [("numpy", None), ("torch", "f32"), ("torch", "bf16")]
 def backend(request):
     name, dtype = request.param
     b = RUNTIME.create_backend(name, device="cpu", dtype=dtype)
-    b.use_kernels(RUNTIME.weight_kernels())
+    RUNTIME.equip(b)
     return b
 
 
@@ -27,8 +27,9 @@ def test_op_matches_reference(backend, case):
 
 def test_every_core_op_and_quant_type_has_cases():
     from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS
+    from tessera.contract.fusion import BLOCK_KINDS
 
-    assert {c.op for c in CASES} == set(CORE_OPS + OPTIONAL_OPS)
+    assert {c.op for c in CASES} == set(CORE_OPS + OPTIONAL_OPS + BLOCK_KINDS)
     covered = {c.probe["quant_type"] for c in CASES if c.op == "matmul"}
     assert {"F32", "F16", "BF16", "Q8_0", "Q4_0"} <= covered
     assert len({c.id for c in CASES}) == len(CASES)

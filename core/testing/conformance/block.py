@@ -1,6 +1,6 @@
-"""Conformance cases of ``decoder_block`` (an optional fused op) for one decode token, and
-the same block composed of core ops: the reference, and the path of a backend that
-declines."""
+"""Conformance cases of the :data:`~tessera.contract.fusion.LLAMA_DECODER` block fusion for
+one decode token, and the same block composed of core ops: the reference, and the path of
+a backend without the fusion or whose fusion declines the call."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.contract.fusion import LLAMA_DECODER, DecoderBlock
 from tessera.testing.conformance.arrays import flat, normal
 from tessera.testing.conformance.kit import Case, Weight
 
@@ -27,11 +28,12 @@ def decoder_block_cases(qtypes: list[Any]) -> list[Case]:
             cases.append(
                 Case(
                     f"decoder_block-{style}-{qt.name}",
-                    "decoder_block",
+                    LLAMA_DECODER,
                     {"quant_type": qt.name},
                     lambda rng, qt=qt, style=style: _block_inputs(rng, qt, style),
                     _block_call,
                     (_BLOCK[0] + 2 * _BLOCK[2] * _BLOCK[3],),
+                    supported=lambda b: b.fusion(LLAMA_DECODER) is not None,
                 )
             )
     return cases
@@ -76,8 +78,6 @@ def _block_inputs(rng: np.random.Generator, qt: Any, style: str) -> dict[str, An
 
 
 def _block_call(b: Any, a: dict[str, Any]) -> Any:
-    from tessera.contract.fusion import DecoderBlock
-
     _, n_head, n_head_kv, head_dim, *_ = _BLOCK
     block = DecoderBlock(
         **{n: a[n] for n in ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm")},
@@ -93,9 +93,9 @@ def _block_call(b: Any, a: dict[str, Any]) -> Any:
         rope_neox=a["style"] == "qwen2",
         attn_scale=1.0 / np.sqrt(head_dim),
     )
-    y = None
-    if b.supports("decoder_block"):
-        y = b.decoder_block(a["x"], block, a["k"], a["v"], a["cell"], a["rows"], a["positions"])
+    y, fusion = None, b.fusion(LLAMA_DECODER)
+    if fusion is not None:
+        y = fusion.run(b, a["x"], block, a["k"], a["v"], a["cell"], a["rows"], a["positions"])
     if y is None:
         y = _block_by_ops(b, a["x"], block, a)
     return flat(b, [y, *b.get_n([a["k"], a["v"]], [np.array([a["cell"]])] * 2)])

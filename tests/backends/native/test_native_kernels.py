@@ -19,6 +19,7 @@ import torch
 
 from tessera.backends.native import kernels, library, selftest
 from tessera.backends.native import probe as native_probe
+from tessera.contract.fusion import LLAMA_DECODER
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
@@ -36,7 +37,7 @@ QMODS = {"Q8_0": quant_q8_0, "Q4_0": quant_q4_0}
 
 def backend(dtype="bf16"):
     b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
-    b.use_kernels(RUNTIME.weight_kernels())
+    RUNTIME.equip(b)
     return b
 
 
@@ -556,7 +557,8 @@ def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path
     v = b.zeros((8, block.n_head_kv, block.head_dim))
     x = b.from_numpy(np.ones((1, model.config.n_embd), dtype=np.float32))
     rows = cache.rows(np.array([0]), np.array([0]), cache.n_kv())
-    assert b.decoder_block(x, block, k, v, 0, rows, np.array([0])) is None
+    fusion = b.fusion(LLAMA_DECODER)  # offered (native kernels), declined for these weights
+    assert fusion.run(b, x, block, k, v, 0, rows, np.array([0])) is None
     assert not k.any() and not v.any()
 
 
