@@ -181,3 +181,14 @@ def fields_to_gguf(fields: Iterable[ConfigField], config: Any, arch: str) -> dic
         for key in field.gguf:
             metadata[f"{arch}.{key}"] = list(value) if isinstance(value, tuple) else value
     return metadata
+
+
+def default_head_dims(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``fields`` with ``n_head_kv`` and ``head_dim`` filled in where they are None (not
+    stated): KV heads default to the query heads (no GQA) and the head width to
+    ``n_embd // n_head``, as llama.cpp and transformers do."""
+    return {
+        **fields,
+        "n_head_kv": fields["n_head_kv"] or fields["n_head"],
+        "head_dim": fields["head_dim"] or fields["n_embd"] // fields["n_head"],
+    }

@@ -20,6 +20,14 @@ from typing import Any
 import attrs
 
 from tessera.contract.arch import EncoderArchitecture, check_tensors, metadata_key
+from tessera.contract.names import (
+    ConfigField,
+    TensorNames,
+    fields_from_gguf,
+    fields_from_hf,
+    fields_to_gguf,
+    tensors_from_hf,
+)
 from tessera.engine.pooling import POOLING_TYPES, pooling_name
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
@@ -66,29 +74,61 @@ class BertConfig:
         return self.n_embd // self.n_head
 
 
-_HF_LAYER_NAMES = {
-    "attention.self.query": "attn_q",
-    "attention.self.key": "attn_k",
-    "attention.self.value": "attn_v",
-    "attention.output.dense": "attn_output",
-    "attention.output.LayerNorm": "attn_output_norm",
-    "intermediate.dense": "ffn_up",
-    "output.dense": "ffn_down",
-    "output.LayerNorm": "layer_output_norm",
-}
-_HF_GLOBAL_NAMES = {
-    "embeddings.word_embeddings": "token_embd",
-    "embeddings.position_embeddings": "position_embd",
-    "embeddings.token_type_embeddings": "token_types",
-    "embeddings.LayerNorm": "token_embd_norm",
-    "pooler.dense": "cls",
-    "classifier": "cls.output",
-    # sentence-transformers Dense modules after pooling (see tessera.engine.pooling.dense_out)
-    "dense_2_out": "dense_2",
-    "dense_3_out": "dense_3",
-}
 # old checkpoints name LayerNorm parameters gamma / beta
 _HF_SUFFIXES = {"weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}
+
+
+def _with_suffixes(stems: Mapping[str, str]) -> dict[str, str]:
+    return {
+        f"{hf}.{s}": f"{gguf}.{t}" for hf, gguf in stems.items() for s, t in _HF_SUFFIXES.items()
+    }
+
+
+HF_NAMES = TensorNames(
+    global_names=_with_suffixes(
+        {
+            "embeddings.word_embeddings": "token_embd",
+            "embeddings.position_embeddings": "position_embd",
+            "embeddings.token_type_embeddings": "token_types",
+            "embeddings.LayerNorm": "token_embd_norm",
+            "pooler.dense": "cls",
+            "classifier": "cls.output",
+            # sentence-transformers Dense modules after pooling (tessera.engine.pooling.dense_out)
+            "dense_2_out": "dense_2",
+            "dense_3_out": "dense_3",
+        }
+    ),
+    layer_names=_with_suffixes(
+        {
+            "attention.self.query": "attn_q",
+            "attention.self.key": "attn_k",
+            "attention.self.value": "attn_v",
+            "attention.output.dense": "attn_output",
+            "attention.output.LayerNorm": "attn_output_norm",
+            "intermediate.dense": "ffn_up",
+            "output.dense": "ffn_down",
+            "output.LayerNorm": "layer_output_norm",
+        }
+    ),
+    checkpoint="a bert",
+    plugin="bert architecture",
+    layer_prefix="encoder.layer.",
+    prefixes=("bert.",),
+    skip_suffixes=("position_ids",),  # a buffer of 0..n_ctx_train-1, not a weight
+)
+CONFIG_FIELDS = (
+    ConfigField("n_ctx_train", "context_length", "max_position_embeddings", default=512),
+    ConfigField("n_embd", "embedding_length", "hidden_size"),
+    ConfigField("n_ff", "feed_forward_length", "intermediate_size"),
+    ConfigField("n_layer", "block_count", "num_hidden_layers"),
+    ConfigField("n_head", "attention.head_count", "num_attention_heads"),
+    ConfigField("norm_eps", "attention.layer_norm_epsilon", "layer_norm_eps", float, 1e-12),
+    ConfigField("classifier_activation", "classifier.activation", (), str, "", omit_default=True),
+    ConfigField("gelu_exact", "gelu_exact", (), bool, True, omit_default=True),
+    # GGUF states these by tensor shapes (see config_from_gguf)
+    ConfigField("n_vocab", (), "vocab_size"),
+    ConfigField("n_token_types", (), "type_vocab_size", default=2),
+)
 
 
 def _hf_pooling(hf: Mapping[str, Any]) -> str:
@@ -108,26 +148,16 @@ class BertArchitecture(EncoderArchitecture):
     def config_from_gguf(
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
     ) -> BertConfig:
-        def key(name: str, default: Any = None) -> Any:
-            return metadata_key(metadata, "bert", name, default)
-
         labels = tuple(str(x) for x in metadata.get("bert.classifier.output_labels") or ())
         if not labels and "cls.output.weight" in tensor_shapes:
             labels = tuple(f"LABEL_{i}" for i in range(tensor_shapes["cls.output.weight"][0]))
         return BertConfig(
+            **fields_from_gguf(CONFIG_FIELDS, metadata, "bert"),
             n_vocab=int(tensor_shapes["token_embd.weight"][0]),
-            n_embd=int(key("embedding_length")),
-            n_layer=int(key("block_count")),
-            n_ff=int(key("feed_forward_length")),
-            n_head=int(key("attention.head_count")),
-            n_ctx_train=int(key("context_length", 512)),
             n_token_types=int(tensor_shapes.get("token_types.weight", (0,))[0]),
-            norm_eps=float(key("attention.layer_norm_epsilon", 1e-12)),
-            pooling_type=pooling_name(int(key("pooling_type", 2))),
+            pooling_type=pooling_name(int(metadata_key(metadata, "bert", "pooling_type", 2))),
             classifier_labels=labels,
             classifier_dense="cls.weight" in tensor_shapes,
-            classifier_activation=str(key("classifier.activation", "")),
-            gelu_exact=bool(key("gelu_exact", True)),
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> BertConfig:
@@ -144,14 +174,7 @@ class BertArchitecture(EncoderArchitecture):
             labels = tuple(str(id2label.get(str(i), f"LABEL_{i}")) for i in range(n))
         activation_fn = str((hf.get("sentence_transformers") or {}).get("activation_fn", ""))
         return BertConfig(
-            n_vocab=int(hf["vocab_size"]),
-            n_embd=int(hf["hidden_size"]),
-            n_layer=int(hf["num_hidden_layers"]),
-            n_ff=int(hf["intermediate_size"]),
-            n_head=int(hf["num_attention_heads"]),
-            n_ctx_train=int(hf.get("max_position_embeddings", 512)),
-            n_token_types=int(hf.get("type_vocab_size", 2)),
-            norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            **fields_from_hf(CONFIG_FIELDS, hf),
             pooling_type=pooling,
             classifier_labels=labels,
             classifier_activation=_ST_ACTIVATIONS.get(activation_fn.rsplit(".", 1)[-1], ""),
@@ -161,21 +184,12 @@ class BertArchitecture(EncoderArchitecture):
     def gguf_metadata(self, c: BertConfig) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "general.architecture": "bert",
-            "bert.context_length": c.n_ctx_train,
-            "bert.embedding_length": c.n_embd,
-            "bert.feed_forward_length": c.n_ff,
-            "bert.block_count": c.n_layer,
-            "bert.attention.head_count": c.n_head,
-            "bert.attention.layer_norm_epsilon": c.norm_eps,
+            **fields_to_gguf(CONFIG_FIELDS, c, "bert"),
             "bert.attention.causal": False,
             "bert.pooling_type": POOLING_TYPES.index(c.pooling_type),
         }
         if c.classifier_labels:
             meta["bert.classifier.output_labels"] = list(c.classifier_labels)
-        if c.classifier_activation:
-            meta["bert.classifier.activation"] = c.classifier_activation
-        if not c.gelu_exact:
-            meta["bert.gelu_exact"] = False
         return meta
 
     def tensor_shapes(self, c: BertConfig) -> dict[str, tuple[int, ...]]:
@@ -211,24 +225,9 @@ class BertArchitecture(EncoderArchitecture):
     def tensors_from_hf(
         self, c: BertConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
-        for hf_name in hf_tensors:
-            name = hf_name.removeprefix("bert.")
-            if name.endswith("position_ids"):
-                continue  # a buffer of 0..n_ctx_train-1, not a weight
-            stem, _, suffix = name.rpartition(".")
-            if name.startswith("pooler.") and not c.classifier_labels:
-                continue  # BertModel's pooler: unused for embeddings (as llama.cpp drops it)
-            gguf = _HF_GLOBAL_NAMES.get(stem)
-            if gguf is None and stem.startswith("encoder.layer."):
-                layer, _, rest = stem[len("encoder.layer.") :].partition(".")
-                if rest in _HF_LAYER_NAMES:
-                    gguf = f"blk.{layer}.{_HF_LAYER_NAMES[rest]}"
-            if gguf is None or suffix not in _HF_SUFFIXES:
-                raise ModelFileError(
-                    f"unexpected tensor '{hf_name}' in a bert checkpoint; the bert "
-                    "architecture plugin does not know where it goes"
-                )
-            yield f"{gguf}.{_HF_SUFFIXES[suffix]}", hf_tensors[hf_name]
+        # BertModel's pooler is unused for embeddings (llama.cpp drops it too)
+        skip = () if c.classifier_labels else ("pooler.",)
+        return tensors_from_hf(HF_NAMES, c, hf_tensors, for_gguf, skip=skip)
 
     def example_config(self, **overrides: Any) -> BertConfig:
         overrides.pop("arch", None)

@@ -22,47 +22,55 @@ from typing import Any
 import numpy as np
 
 from tessera.contract.arch import Architecture, KVLayerLayout, check_tensors
-from tessera.errors import ModelFileError
+from tessera.contract.names import TensorNames, tensors_from_hf
 from tessera.hookspecs import hookimpl
 from tessera.models.gemma4 import config as gemma4_config
 from tessera.models.gemma4.config import ARCH, Gemma4Config, per_layer
 
 TESSERA_PLUGIN_API = 1
 
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "layer_scalar": "layer_output_scale.weight",
-    "per_layer_input_gate.weight": "inp_gate.weight",
-    "per_layer_projection.weight": "proj.weight",
-    "post_per_layer_input_norm.weight": "post_norm.weight",
-}
-_HF_GLOBAL_NAMES = {
-    "embed_tokens.weight": "token_embd.weight",
-    "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-    "per_layer_model_projection.weight": "per_layer_model_proj.weight",
-    "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-    "norm.weight": "output_norm.weight",
-}
-#: Prefixes of the text model in HF checkpoints (multimodal first).
-_HF_PREFIXES = ("model.language_model.", "model.")
-#: Multimodal parts the text architecture does not run.
-_HF_SKIPPED = (
-    "model.vision_tower.",
-    "model.audio_tower.",
-    "model.embed_vision.",
-    "model.embed_audio.",
+
+def _scalar(value: Any, c: Any) -> np.ndarray:
+    return np.reshape(value, (1,))  # a 0-d scalar in HF, one value in GGUF
+
+
+HF_NAMES = TensorNames(
+    global_names={
+        "embed_tokens.weight": "token_embd.weight",
+        "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+        "per_layer_model_projection.weight": "per_layer_model_proj.weight",
+        "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+        "norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    },
+    layer_names={
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "post_attention_layernorm.weight": "post_attention_norm.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+        "layer_scalar": "layer_output_scale.weight",
+        "per_layer_input_gate.weight": "inp_gate.weight",
+        "per_layer_projection.weight": "proj.weight",
+        "post_per_layer_input_norm.weight": "post_norm.weight",
+    },
+    checkpoint="a Gemma 4",
+    plugin="gemma4 architecture",
+    layer_prefix="layers.",
+    # the text model's prefix in multimodal checkpoints, then in text-only ones
+    prefixes=("model.language_model.", "model."),
+    # multimodal parts the text architecture does not run
+    skip_prefixes=("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio."),
+    skip_suffixes=("rotary_emb.inv_freq",),
+    transforms={"layer_output_scale.weight": _scalar},
 )
 
 
@@ -120,28 +128,10 @@ class Gemma4Architecture(Architecture):
     def tensors_from_hf(
         self, c: Gemma4Config, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
-        for hf_name in hf_tensors:
-            if hf_name.startswith(_HF_SKIPPED) or hf_name.endswith("rotary_emb.inv_freq"):
-                continue
-            if hf_name == "lm_head.weight":
-                if not c.tied_embeddings:
-                    yield "output.weight", hf_tensors[hf_name]
-                continue
-            rest = next((hf_name[len(p) :] for p in _HF_PREFIXES if hf_name.startswith(p)), "")
-            name = _HF_GLOBAL_NAMES.get(rest)
-            if name is None and rest.startswith("layers."):
-                layer, _, part = rest[len("layers.") :].partition(".")
-                if part in _HF_LAYER_NAMES:
-                    name = f"blk.{layer}.{_HF_LAYER_NAMES[part]}"
-            if name is None:
-                raise ModelFileError(
-                    f"unexpected tensor '{hf_name}' in a Gemma 4 checkpoint; the gemma4 "
-                    "architecture plugin does not know where it goes"
-                )
-            value = hf_tensors[hf_name]
-            yield name, np.reshape(value, (1,)) if name.endswith("output_scale.weight") else value
+        skip = ("lm_head.weight",) if c.tied_embeddings else ()
+        yield from tensors_from_hf(HF_NAMES, c, hf_tensors, for_gguf, skip=skip)
         if not all(c.swa_layers):
-            yield "rope_freqs.weight", c.rope_factors()
+            yield "rope_freqs.weight", c.rope_factors()  # computed: HF has no such tensor
 
     def example_config(self, **overrides: Any) -> Gemma4Config:
         n_layer = overrides.get("n_layer", 6)

@@ -9,7 +9,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.contract.arch import metadata_key
+from tessera.contract.names import (
+    REQUIRED,
+    ConfigField,
+    fields_from_gguf,
+    fields_from_hf,
+    fields_to_gguf,
+)
 from tessera.errors import ModelFileError
 
 ARCH = "gemma4"
@@ -105,42 +111,75 @@ def per_layer(value: Any, n_layer: int) -> tuple[int, ...]:
     return (int(value),) * n_layer
 
 
+def _bools(value: Any) -> tuple[bool, ...]:
+    return tuple(bool(v) for v in value)
+
+
+#: The fields GGUF and config.json store as they are; per-layer lists are read as stored
+#: (type None) and made per-layer tuples in config_from_gguf.
+CONFIG_FIELDS = (
+    ConfigField("n_vocab", "vocab_size", "vocab_size", default=None, hf_default=REQUIRED),
+    ConfigField("n_ctx_train", "context_length", "max_position_embeddings", default=131072),
+    ConfigField("n_embd", "embedding_length", "hidden_size"),
+    ConfigField("n_layer", "block_count", "num_hidden_layers"),
+    ConfigField("n_ff", "feed_forward_length", (), None),
+    ConfigField("n_head", "attention.head_count", "num_attention_heads"),
+    ConfigField("n_head_kv", "attention.head_count_kv", (), None),
+    ConfigField(
+        "head_dim",
+        ("attention.key_length", "attention.value_length", "rope.dimension_count"),
+    ),
+    ConfigField(
+        "head_dim_swa",
+        ("attention.key_length_swa", "attention.value_length_swa", "rope.dimension_count_swa"),
+        "head_dim",
+        hf_default=256,
+    ),
+    ConfigField("rms_eps", "attention.layer_norm_rms_epsilon", "rms_norm_eps", float, 1e-6),
+    ConfigField("n_swa", "attention.sliding_window", "sliding_window", hf_default=512),
+    ConfigField("swa_layers", "attention.sliding_window_pattern", (), _bools),
+    ConfigField("n_kv_shared", "attention.shared_kv_layers", "num_kv_shared_layers", default=0),
+    ConfigField(
+        "n_embd_per_layer",
+        "embedding_length_per_layer_input",
+        "hidden_size_per_layer_input",
+        default=0,
+    ),
+    ConfigField("rope_freq_base", "rope.freq_base", (), float, 1_000_000.0),
+    ConfigField("rope_freq_base_swa", "rope.freq_base_swa", (), float, 10_000.0),
+    ConfigField(
+        "final_logit_softcapping",
+        "final_logit_softcapping",
+        "final_logit_softcapping",
+        float,
+        0.0,
+        omit_default=True,
+    ),
+    # GGUF states these by which tensors the file has (see config_from_gguf)
+    ConfigField("tied_embeddings", (), "tie_word_embeddings", bool, True),
+    ConfigField("k_eq_v", (), "attention_k_eq_v", bool, False),
+)
+
+
 def config_from_gguf(
     metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
 ) -> Gemma4Config:
     """The config of a ``gemma4`` GGUF file (llama.cpp's keys; some facts from tensors)."""
-
-    def key(name: str, default: Any = None) -> Any:
-        return metadata_key(metadata, ARCH, name, default)
-
     if any(".ffn_gate_inp." in name for name in tensor_shapes):
         raise ModelFileError(
             "this Gemma 4 model has MoE layers, which the gemma4 plugin does not run yet; "
             "use a dense Gemma 4 model (E2B, E4B, 31B)"
         )
-    n_layer = int(key("block_count"))
-    n_embd = int(key("embedding_length"))
-    head_dim = int(key("attention.key_length"))
-    n_vocab = metadata.get(f"{ARCH}.vocab_size") or tensor_shapes["token_embd.weight"][0]
+    fields = fields_from_gguf(CONFIG_FIELDS, metadata, ARCH)
+    n_layer = fields["n_layer"]
     return Gemma4Config(
-        n_vocab=int(n_vocab),
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=int(key("attention.head_count")),
-        n_head_kv=per_layer(key("attention.head_count_kv"), n_layer),
-        n_ff=per_layer(key("feed_forward_length"), n_layer),
-        swa_layers=tuple(bool(v) for v in key("attention.sliding_window_pattern")),
-        head_dim=head_dim,
-        head_dim_swa=int(key("attention.key_length_swa")),
-        n_swa=int(key("attention.sliding_window")),
-        n_kv_shared=int(key("attention.shared_kv_layers", 0)),
-        n_embd_per_layer=int(key("embedding_length_per_layer_input", 0)),
-        rope_freq_base=float(key("rope.freq_base", 1_000_000.0)),
-        rope_freq_base_swa=float(key("rope.freq_base_swa", 10_000.0)),
+        **fields
+        | {
+            "n_vocab": int(fields["n_vocab"] or tensor_shapes["token_embd.weight"][0]),
+            "n_head_kv": per_layer(fields["n_head_kv"], n_layer),
+            "n_ff": per_layer(fields["n_ff"], n_layer),
+        },
         partial_rotary_factor=None,  # the graph reads rope_freqs.weight
-        rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-        final_logit_softcapping=float(key("final_logit_softcapping", 0.0)),
-        n_ctx_train=int(key("context_length", 131072)),
         tied_embeddings="output.weight" not in tensor_shapes,
         k_eq_v=any(
             f"blk.{i}.attn_k.weight" in tensor_shapes
@@ -159,7 +198,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma4Config:
             "this Gemma 4 model has MoE layers, which the gemma4 plugin does not run yet; "
             "use a dense Gemma 4 model (E2B, E4B, 31B)"
         )
-    n_layer = int(hf["num_hidden_layers"])
+    fields = fields_from_hf(CONFIG_FIELDS, hf)
+    n_layer = fields["n_layer"]
     types = list(hf.get("layer_types") or [])
     if not types:
         types = [
@@ -168,13 +208,11 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma4Config:
     types[-1] = "full_attention"  # transformers forces the last layer global
     swa = tuple(t == "sliding_attention" for t in types)
     per_layer = {int(k): v for k, v in (hf.get("per_layer_config") or {}).items()}
-    head_dim_swa = int(hf.get("head_dim") or 256)
     head_dim = int(hf.get("global_head_dim") or 512)
     for i, t in enumerate(swa):
         if not t and "head_dim" in per_layer.get(i, {}):
             head_dim = int(per_layer[i]["head_dim"])
-    k_eq_v = bool(hf.get("attention_k_eq_v", False))
-    kv_global = hf.get("num_global_key_value_heads") if k_eq_v else None
+    kv_global = hf.get("num_global_key_value_heads") if fields["k_eq_v"] else None
     n_head_kv = tuple(
         int(
             per_layer.get(i, {}).get("num_key_value_heads")
@@ -182,7 +220,7 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma4Config:
         )
         for i in range(n_layer)
     )
-    n_kv_shared = int(hf.get("num_kv_shared_layers") or 0)
+    n_kv_shared = fields["n_kv_shared"]
     wide = bool(hf.get("use_double_wide_mlp")) and n_kv_shared > 0
     n_ff = tuple(
         int(hf["intermediate_size"]) * (2 if wide and i >= n_layer - n_kv_shared else 1)
@@ -191,55 +229,17 @@ def config_from_hf(hf: Mapping[str, Any]) -> Gemma4Config:
     rope = hf.get("rope_parameters") or {}
     full, local = rope.get("full_attention") or {}, rope.get("sliding_attention") or {}
     return Gemma4Config(
-        n_vocab=int(hf["vocab_size"]),
-        n_embd=int(hf["hidden_size"]),
-        n_layer=n_layer,
-        n_head=int(hf["num_attention_heads"]),
+        **fields,
         n_head_kv=n_head_kv,
         n_ff=n_ff,
         swa_layers=swa,
         head_dim=head_dim,
-        head_dim_swa=head_dim_swa,
-        n_swa=int(hf.get("sliding_window") or 512),
-        n_kv_shared=n_kv_shared,
-        n_embd_per_layer=int(hf.get("hidden_size_per_layer_input") or 0),
         rope_freq_base=float(full.get("rope_theta", 1_000_000.0)),
         rope_freq_base_swa=float(local.get("rope_theta", 10_000.0)),
         partial_rotary_factor=float(full.get("partial_rotary_factor", 1.0)),
-        rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        final_logit_softcapping=float(hf.get("final_logit_softcapping") or 0.0),
-        n_ctx_train=int(hf.get("max_position_embeddings", 131072)),
-        tied_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        k_eq_v=k_eq_v,
     )
 
 
 def gguf_metadata(c: Gemma4Config) -> dict[str, Any]:
     """``c`` as llama.cpp's ``gemma4`` keys (per-layer facts as arrays)."""
-    a = ARCH
-    meta = {
-        "general.architecture": a,
-        f"{a}.vocab_size": c.n_vocab,
-        f"{a}.context_length": c.n_ctx_train,
-        f"{a}.embedding_length": c.n_embd,
-        f"{a}.block_count": c.n_layer,
-        f"{a}.feed_forward_length": list(c.n_ff),
-        f"{a}.attention.head_count": c.n_head,
-        f"{a}.attention.head_count_kv": list(c.n_head_kv),
-        f"{a}.attention.key_length": c.head_dim,
-        f"{a}.attention.value_length": c.head_dim,
-        f"{a}.attention.key_length_swa": c.head_dim_swa,
-        f"{a}.attention.value_length_swa": c.head_dim_swa,
-        f"{a}.attention.layer_norm_rms_epsilon": c.rms_eps,
-        f"{a}.attention.sliding_window": c.n_swa,
-        f"{a}.attention.sliding_window_pattern": list(c.swa_layers),
-        f"{a}.attention.shared_kv_layers": c.n_kv_shared,
-        f"{a}.embedding_length_per_layer_input": c.n_embd_per_layer,
-        f"{a}.rope.freq_base": c.rope_freq_base,
-        f"{a}.rope.freq_base_swa": c.rope_freq_base_swa,
-        f"{a}.rope.dimension_count": c.head_dim,
-        f"{a}.rope.dimension_count_swa": c.head_dim_swa,
-    }
-    if c.final_logit_softcapping:
-        meta[f"{a}.final_logit_softcapping"] = c.final_logit_softcapping
-    return meta
+    return {"general.architecture": ARCH, **fields_to_gguf(CONFIG_FIELDS, c, ARCH)}

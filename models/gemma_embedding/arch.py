@@ -23,7 +23,16 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.contract.arch import EncoderArchitecture, check_tensors, dims_from_hf, metadata_key
+from tessera.contract.arch import EncoderArchitecture, check_tensors, metadata_key
+from tessera.contract.names import (
+    ConfigField,
+    TensorNames,
+    default_head_dims,
+    fields_from_gguf,
+    fields_from_hf,
+    fields_to_gguf,
+    tensors_from_hf,
+)
 from tessera.engine.pooling import POOLING_TYPES, pooling_name
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
@@ -58,20 +67,24 @@ class GemmaEmbeddingConfig:
         return (il + 1) % SWA_PATTERN != 0
 
 
+def _gemma_norm(w: Any, c: Any) -> np.ndarray:
+    return np.asarray(w, dtype=np.float32) + 1.0  # Gemma's (1 + w), baked in as llama.cpp does
+
+
 _HF_LAYER_NAMES = {
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
 }
 _HF_GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
@@ -79,6 +92,36 @@ _HF_GLOBAL_NAMES = {
     "dense_2_out.weight": "dense_2.weight",
     "dense_3_out.weight": "dense_3.weight",
 }
+HF_NAMES = TensorNames(
+    global_names=_HF_GLOBAL_NAMES,
+    layer_names=_HF_LAYER_NAMES,
+    checkpoint="an EmbeddingGemma",
+    plugin="gemma-embedding",
+    layer_prefix="layers.",
+    prefixes=("model.",),
+    transforms={
+        name: _gemma_norm
+        for name in (*_HF_LAYER_NAMES.values(), *_HF_GLOBAL_NAMES.values())
+        if name.endswith("norm.weight")
+    },
+)
+CONFIG_FIELDS = (
+    ConfigField("n_ctx_train", "context_length", "max_position_embeddings", default=2048),
+    ConfigField("n_embd", "embedding_length", "hidden_size"),
+    ConfigField("n_layer", "block_count", "num_hidden_layers"),
+    ConfigField("n_ff", "feed_forward_length", "intermediate_size"),
+    ConfigField("n_head", "attention.head_count", "num_attention_heads"),
+    # None when not stated: default_head_dims derives them
+    ConfigField("n_head_kv", "attention.head_count_kv", "num_key_value_heads", default=None),
+    ConfigField(
+        "head_dim", ("attention.key_length", "attention.value_length"), "head_dim", default=None
+    ),
+    ConfigField("rms_eps", "attention.layer_norm_rms_epsilon", "rms_norm_eps", float, 1e-6),
+    ConfigField("rope_freq_base", "rope.freq_base", (), float, 1_000_000.0),
+    ConfigField("n_swa", "attention.sliding_window", "sliding_window", default=512),
+    # GGUF states the vocabulary by the embedding's shape
+    ConfigField("n_vocab", (), "vocab_size"),
+)
 
 
 class GemmaEmbeddingArchitecture(EncoderArchitecture):
@@ -91,28 +134,17 @@ class GemmaEmbeddingArchitecture(EncoderArchitecture):
         def key(name: str, default: Any = None) -> Any:
             return metadata_key(metadata, ARCH, name, default)
 
-        n_head = int(key("attention.head_count"))
-        n_embd = int(key("embedding_length"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
+        fields = default_head_dims(fields_from_gguf(CONFIG_FIELDS, metadata, ARCH))
         dense = tuple(
             int(tensor_shapes[n][0])
             for n in ("dense_2.weight", "dense_3.weight")
             if n in tensor_shapes
         )
         return GemmaEmbeddingConfig(
+            **fields,
             n_vocab=int(tensor_shapes["token_embd.weight"][0]),
-            n_embd=n_embd,
-            n_layer=int(key("block_count")),
-            n_ff=int(key("feed_forward_length")),
-            n_head=n_head,
-            n_head_kv=int(key("attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_ctx_train=int(key("context_length", 2048)),
-            rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_freq_base=float(key("rope.freq_base", 1_000_000.0)),
-            n_swa=int(key("attention.sliding_window", 512)),
             # llama.cpp scales by head_dim ** -0.5 when the file says nothing
-            query_pre_attn_scalar=float(key("attention.query_pre_attn_scalar", head_dim)),
+            query_pre_attn_scalar=float(key("attention.query_pre_attn_scalar", fields["head_dim"])),
             pooling_type=pooling_name(int(key("pooling_type", 1))),
             dense_dims=dense,
         )
@@ -144,11 +176,8 @@ class GemmaEmbeddingArchitecture(EncoderArchitecture):
         if float(local.get("rope_theta", ROPE_BASE_LOCAL)) != ROPE_BASE_LOCAL:
             raise ModelFileError("a local RoPE base other than 10000 cannot be stored in GGUF")
         return GemmaEmbeddingConfig(
-            **dims_from_hf(hf),
-            n_ctx_train=int(hf.get("max_position_embeddings", 2048)),
-            rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            **default_head_dims(fields_from_hf(CONFIG_FIELDS, hf)),
             rope_freq_base=float(full.get("rope_theta", hf.get("rope_theta", 1_000_000.0))),
-            n_swa=int(hf.get("sliding_window") or 512),
             query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
             pooling_type=str(hf.get("_st_pooling") or "mean"),
             # Dense projections (2_Dense, 3_Dense) arrive as tensors; pooling applies them
@@ -157,17 +186,7 @@ class GemmaEmbeddingArchitecture(EncoderArchitecture):
     def gguf_metadata(self, c: GemmaEmbeddingConfig) -> dict[str, Any]:
         meta: dict[str, Any] = {
             "general.architecture": ARCH,
-            f"{ARCH}.context_length": c.n_ctx_train,
-            f"{ARCH}.embedding_length": c.n_embd,
-            f"{ARCH}.block_count": c.n_layer,
-            f"{ARCH}.feed_forward_length": c.n_ff,
-            f"{ARCH}.attention.head_count": c.n_head,
-            f"{ARCH}.attention.head_count_kv": c.n_head_kv,
-            f"{ARCH}.attention.key_length": c.head_dim,
-            f"{ARCH}.attention.value_length": c.head_dim,
-            f"{ARCH}.attention.layer_norm_rms_epsilon": c.rms_eps,
-            f"{ARCH}.rope.freq_base": c.rope_freq_base,
-            f"{ARCH}.attention.sliding_window": c.n_swa,
+            **fields_to_gguf(CONFIG_FIELDS, c, ARCH),
             f"{ARCH}.attention.causal": False,
             f"{ARCH}.pooling_type": POOLING_TYPES.index(c.pooling_type),
         }
@@ -201,23 +220,7 @@ class GemmaEmbeddingArchitecture(EncoderArchitecture):
     def tensors_from_hf(
         self, c: GemmaEmbeddingConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
-        for hf_name in hf_tensors:
-            name = hf_name.removeprefix("model.")
-            gguf = _HF_GLOBAL_NAMES.get(name)
-            if gguf is None and name.startswith("layers."):
-                layer, _, rest = name[len("layers.") :].partition(".")
-                stem = rest.removesuffix(".weight")
-                if stem in _HF_LAYER_NAMES and rest.endswith(".weight"):
-                    gguf = f"blk.{layer}.{_HF_LAYER_NAMES[stem]}.weight"
-            if gguf is None:
-                raise ModelFileError(
-                    f"unexpected tensor '{hf_name}' in an EmbeddingGemma checkpoint; the "
-                    "gemma-embedding plugin does not know where it goes"
-                )
-            value = hf_tensors[hf_name]
-            if gguf.endswith("norm.weight"):
-                value = np.asarray(value, dtype=np.float32) + 1.0  # Gemma's (1 + w), baked in
-            yield gguf, value
+        return tensors_from_hf(HF_NAMES, c, hf_tensors, for_gguf)
 
     def example_config(self, **overrides: Any) -> GemmaEmbeddingConfig:
         overrides.pop("arch", None)

@@ -35,6 +35,7 @@ from tessera.contract.experts import (
     moe_ffn_fallback,
     route_top_k,
 )
+from tessera.contract.names import ConfigField, fields_from_gguf, fields_from_hf, fields_to_gguf
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig, LlamaGraph
@@ -49,6 +50,22 @@ HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"
 #: Whether llama.cpp renormalizes the top-k weights for the arch (files may say otherwise).
 NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "llama": True}
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+#: The expert fields GGUF and config.json store as they are (the rest: config_from_gguf).
+CONFIG_FIELDS = (
+    ConfigField("n_expert", "expert_count", ("num_experts", "num_local_experts")),
+    ConfigField("n_expert_used", "expert_used_count", "num_experts_per_tok"),
+    ConfigField(
+        "n_ff_shexp",
+        "expert_shared_feed_forward_length",
+        "shared_expert_intermediate_size",
+        default=0,
+        omit_default=True,
+    ),
+    # Mixtral's experts are the llama FFN's width (intermediate_size); GGUF: in code
+    ConfigField("n_ff_exp", (), ("moe_intermediate_size", "intermediate_size")),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -89,13 +106,9 @@ class MoEArchitecture(LlamaArchitecture):
     ) -> MoEConfig:
         arch = metadata["general.architecture"]
         base, prefix = BASE_ARCH[arch], f"{arch}."
-
-        def key(name: str, default: Any = None) -> Any:
-            return metadata_key(metadata, arch, name, default)
-
         # Mixtral's experts have the llama FFN size (llama.cpp writes no expert length).
         dense_ff = metadata.get(f"{arch}.feed_forward_length") if arch == "llama" else None
-        n_ff_exp = int(key("expert_feed_forward_length", dense_ff))
+        n_ff_exp = int(metadata_key(metadata, arch, "expert_feed_forward_length", dense_ff))
         # The dense half reads the same keys under the base arch's prefix (expert keys left
         # out: the llama plugin would hand a file with experts back to this one).
         renamed = {
@@ -108,12 +121,12 @@ class MoEArchitecture(LlamaArchitecture):
         return MoEConfig.from_base(
             arch,
             super().config_from_gguf(renamed, tensor_shapes),
-            n_expert=int(key("expert_count")),
-            n_expert_used=int(key("expert_used_count")),
+            **fields_from_gguf(CONFIG_FIELDS, metadata, arch),
             n_ff_exp=n_ff_exp,
             # llama.cpp renormalizes for qwen3moe and Mixtral, not qwen2moe; a file may say.
-            norm_topk_prob=bool(key("expert_weights_norm", NORM_TOPK[arch])),
-            n_ff_shexp=int(key("expert_shared_feed_forward_length", 0)),
+            norm_topk_prob=bool(
+                metadata_key(metadata, arch, "expert_weights_norm", NORM_TOPK[arch])
+            ),
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> MoEConfig:
@@ -126,33 +139,22 @@ class MoEArchitecture(LlamaArchitecture):
                 f"{step}, mlp_only_layers={dense}); the {arch} plugin, like llama.cpp, needs "
                 "every layer to be a mixture of experts"
             )
-        base = super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]})
-        # Mixtral's experts are intermediate_size wide; it always renormalizes the top-k.
-        n_ff_exp = int(hf.get("moe_intermediate_size") or hf["intermediate_size"])
         return MoEConfig.from_base(
             arch,
-            base,
-            # transformers 5 writes num_local_experts, Qwen's checkpoints num_experts
-            n_expert=int(hf.get("num_experts") or hf["num_local_experts"]),
-            n_expert_used=int(hf["num_experts_per_tok"]),
-            n_ff_exp=n_ff_exp,
+            super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]}),
+            **fields_from_hf(CONFIG_FIELDS, hf),
+            # Mixtral always renormalizes the top-k
             norm_topk_prob=bool(hf.get("norm_topk_prob", arch == "llama")),
-            n_ff_shexp=int(hf.get("shared_expert_intermediate_size") or 0),
         )
 
     def gguf_metadata(self, c: MoEConfig) -> dict[str, Any]:
         a = c.arch
-        meta = super().gguf_metadata(c) | {
-            f"{a}.expert_count": c.n_expert,
-            f"{a}.expert_used_count": c.n_expert_used,
-        }
+        meta = super().gguf_metadata(c) | fields_to_gguf(CONFIG_FIELDS, c, a)
         if a != "llama":  # Mixtral's expert width is feed_forward_length, as llama.cpp has it
             meta[f"{a}.expert_feed_forward_length"] = c.n_ff_exp
         if c.norm_topk_prob != NORM_TOPK[a]:
             # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
             meta[f"{a}.expert_weights_norm"] = c.norm_topk_prob
-        if c.n_ff_shexp:
-            meta[f"{a}.expert_shared_feed_forward_length"] = c.n_ff_shexp
         return meta
 
     def tensor_shapes(self, c: MoEConfig) -> dict[str, tuple[int, ...]]:

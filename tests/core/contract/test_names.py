@@ -8,6 +8,7 @@ from tessera.contract.names import (
     REQUIRED,
     ConfigField,
     TensorNames,
+    default_head_dims,
     fields_from_gguf,
     fields_from_hf,
     fields_to_gguf,
@@ -162,3 +163,10 @@ def test_hf_fields_take_the_first_present_name_and_their_own_default():
 def test_a_missing_required_hf_field_is_a_model_file_error():
     with pytest.raises(ModelFileError, match="config.json has no 'hidden_size'.* toy model"):
         fields_from_hf(FIELDS, {"model_type": "toy", "head_dim": 16})
+
+
+def test_unstated_head_dims_default_to_no_gqa_and_n_embd_over_n_head():
+    stated = {"n_embd": 64, "n_head": 4, "n_head_kv": 2, "head_dim": 32}
+    assert default_head_dims(stated) == stated
+    unstated = default_head_dims({"n_embd": 64, "n_head": 4, "n_head_kv": None, "head_dim": None})
+    assert (unstated["n_head_kv"], unstated["head_dim"]) == (4, 16)
