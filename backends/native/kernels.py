@@ -260,7 +260,7 @@ class StepStruct(ctypes.Structure):
 
 
 class RowLists:
-    """The row lists of a :class:`~tessera.engine.kv_cache.KVRows` as the attention kernel reads
+    """The row lists of a :class:`~tessera.engine.kv_view.KVRows` as the attention kernel reads
     them, made once per ubatch: ``rows`` and ``q_rows`` int64, ``allowed`` (S, Tq, R) bool or
     None when every row is allowed; the arrays are kept alive with their addresses."""
 

@@ -57,7 +57,7 @@ class AttentionOps:
         return self._mask_inputs[1]
 
     def _rows_tensors(self, kv_rows: Any) -> dict[str, Any]:
-        """Index and mask tensors of one :class:`~tessera.engine.kv_cache.KVRows`, made once per
+        """Index and mask tensors of one :class:`~tessera.engine.kv_view.KVRows`, made once per
         ubatch (every layer of the forward pass reuses them)."""
         if self._rows_inputs is not None and self._rows_inputs[0] is kv_rows:
             return self._rows_inputs[1]

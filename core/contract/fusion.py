@@ -22,7 +22,7 @@ import attrs
 #: positions)``: ``x`` ``(1, n_embd)`` the token's hidden state, ``block`` a
 #: :class:`DecoderBlock`, ``k_cache``/``v_cache`` the layer's ``(C, Hkv, D)`` caches,
 #: ``cell`` the cache cell the token's rotated K and its V go to, ``kv_rows`` the token's
-#: :class:`tessera.engine.kv_cache.KVRows` (as ``attention_rows`` gets them), ``positions``
+#: :class:`tessera.engine.kv_view.KVRows` (as ``attention_rows`` gets them), ``positions``
 #: its position ``(1,)``; returns ``(1, n_embd)`` with K/V written, or None.
 LLAMA_DECODER = "llama-decoder"
 

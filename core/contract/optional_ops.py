@@ -23,7 +23,7 @@ class OptionalOps:
     def attention_rows(self, q: Any, k_cache: Any, v_cache: Any, kv_rows: Any, scale: float) -> Any:
         """Optional: attention of each sequence's queries over only its own cache rows.
 
-        ``kv_rows`` is a :class:`tessera.engine.kv_cache.KVRows`: the queries of ``q`` ``(T, Hq,
+        ``kv_rows`` is a :class:`tessera.engine.kv_view.KVRows`: the queries of ``q`` ``(T, Hq,
         D)`` grouped into slices, each with the cells it attends to (``-1`` = padding, exactly
         like a ``-inf`` mask entry), causal by position inside a slice, optionally within
         a sliding window; GQA as in :meth:`attention`. Same result as :meth:`attention`

@@ -16,88 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import numpy as np
 
 from tessera.contract.arch import KVLayerLayout
+from tessera.engine.kv_view import KVRows, KVView
 from tessera.errors import ContextOverflowError
 
 MAX_SEQUENCES = 64  # sequence sets are stored as one uint64 bit mask per cell
 
-
-@attrs.frozen
-class KVRows:
-    """Row lists of the rows path (backend op ``attention_rows``) for one ubatch.
-
-    The ubatch's queries are grouped into ``S`` slices, one per sequence. Slice ``s``
-    attends to the cache cells ``rows[s]`` (that sequence's cells, ordered by position)
-    and nothing else; a negative entry is padding and must act exactly like a ``-inf``
-    mask entry. Inside a slice, query ``j`` at position ``q_pos[s, j]`` sees row ``r``
-    only when ``pos[s, r] <= q_pos[s, j]`` (causal order) and, with ``window > 0``,
-    ``pos[s, r] > q_pos[s, j] - window`` (sliding window).
-    """
-
-    q_rows: np.ndarray  # (S, Tq) int64: ubatch row of each query, -1 = padding
-    q_pos: np.ndarray  # (S, Tq) int32: position of each query
-    rows: np.ndarray  # (S, R) int64: cache cells, -1 = padding
-    pos: np.ndarray  # (S, R) int32: position held by each cell
-    q_index: np.ndarray  # (T,) int64: where ubatch row t sits in q_rows.ravel()
-    window: int = 0  # n_swa; 0 = no sliding window
-
-    @property
-    def padded(self) -> bool:
-        """Whether any row list has padding (a backend may skip masking work without)."""
-        return bool((self.rows < 0).any())
-
-    def allowed(self) -> np.ndarray:
-        """(S, Tq, R) bool: which rows each query attends to (padding never)."""
-        seen = (self.rows >= 0)[:, None, :] & (self.pos[:, None, :] <= self.q_pos[:, :, None])
-        if self.window > 0:
-            seen &= self.pos[:, None, :] > self.q_pos[:, :, None] - self.window
-        return seen & (self.q_rows >= 0)[:, :, None]
-
-
-@attrs.define
-class KVView:
-    """What one ubatch's forward pass sees of the cache (see :class:`ForwardInput`).
-
-    ``path`` says how attention runs: ``"dense"`` (a mask over cells ``[0, n_kv)``) or
-    ``"rows"`` (row lists per sequence, :class:`KVRows`). Masks and row lists are built
-    on first use, once per ubatch and window, so architectures only call :meth:`attend`.
-    """
-
-    k: Sequence[Any]
-    v: Sequence[Any]
-    cells: np.ndarray  # where this ubatch's tokens are written, (T,)
-    n_kv: int  # attention covers cells [0, n_kv)
-    positions: np.ndarray  # (T,) query positions
-    seq_ids: np.ndarray  # (T,) query sequences
-    cache: KVCache = attrs.field(repr=False)
-    path: str = "dense"
-    _built: dict[tuple[str, int], Any] = attrs.field(factory=dict, repr=False)
-
-    def mask_for(self, window: int = 0) -> np.ndarray:
-        """Dense (T, n_kv) bool mask, True where the query may attend."""
-        key = ("mask", window)
-        if key not in self._built:
-            self._built[key] = self.cache.mask(self.positions, self.seq_ids, self.n_kv, window)
-        return self._built[key]
-
-    @property
-    def mask(self) -> np.ndarray:
-        return self.mask_for(0)
-
-    def rows_for(self, window: int = 0) -> KVRows:
-        key = ("rows", window)
-        if key not in self._built:
-            self._built[key] = self.cache.rows(self.positions, self.seq_ids, self.n_kv, window)
-        return self._built[key]
-
-    def attend(self, backend: Any, il: int, q: Any, scale: float, window: int = 0) -> Any:
-        """Attention of ``q`` (T, Hq, D) over layer ``il``'s cache on this view's path."""
-        if self.path == "rows":
-            return backend.attention_rows(q, self.k[il], self.v[il], self.rows_for(window), scale)
-        return backend.attention(q, self.k[il], self.v[il], self.n_kv, self.mask_for(window), scale)
+#: ``q_rows`` of one query in one slice (and ``[0]``, its ``q_index``), shared, read-only.
+_ONE_QUERY = np.zeros((1, 1), dtype=np.int64)
+_ONE_QUERY.flags.writeable = False
 
 
 class KVCache:
@@ -127,6 +56,16 @@ class KVCache:
         ]
         self.pos = np.full(n_ctx, -1, dtype=np.int32)
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
+        # What a decode step needs, made once: it then allocates nothing that grows with
+        # the context or the history (see find_slot and rows).
+        self._n_kv = 0
+        self._first_free = 0  # every cell below it is used
+        self._cell_ids = np.arange(n_ctx, dtype=np.int64)
+        self._cell_ids.flags.writeable = False
+        self._bits = np.empty(n_ctx, dtype=np.uint64)
+        self._seen = np.empty(n_ctx, dtype=np.bool_)
+        self._test = np.empty(n_ctx, dtype=np.bool_)
+        self._row_lists: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # by window
 
     # -- cells -----------------------------------------------------------------------
 
@@ -136,8 +75,13 @@ class KVCache:
 
     def n_kv(self) -> int:
         """One past the highest used cell: attention never needs to look further."""
+        return self._n_kv
+
+    def _cells_changed(self) -> None:
+        """Recount after cells were freed or rewritten (sequence operations, restores)."""
         used = np.flatnonzero(self.seqs)
-        return int(used[-1]) + 1 if len(used) else 0
+        self._n_kv = int(used[-1]) + 1 if len(used) else 0
+        self._first_free = 0
 
     def find_slot(self, n_tokens: int, seq_ids: np.ndarray | None = None) -> np.ndarray:
         """Cells for ``n_tokens`` new tokens: the first free run that fits, else any free cells.
@@ -146,6 +90,13 @@ class KVCache:
         needs ``seq_ids``.
         """
         if self.unified or seq_ids is None:
+            if n_tokens == 1:  # a decode step: the lowest free cell, found in place
+                cell = self._first_free
+                while cell < self.n_ctx and self.seqs[cell] != 0:
+                    cell += 1
+                self._first_free = cell
+                if cell < self.n_ctx:
+                    return self._cell_ids[cell : cell + 1]
             return self._free_cells(n_tokens, 0, self.n_ctx)
         seq_ids = np.asarray(seq_ids)
         cells = np.empty(len(seq_ids), dtype=np.int64)
@@ -176,10 +127,22 @@ class KVCache:
         """Mark ``cells`` as holding tokens at ``positions`` of sequences ``seq_ids``."""
         self.pos[cells] = positions
         self.seqs[cells] = np.left_shift(np.uint64(1), seq_ids.astype(np.uint64))
+        if len(cells):
+            self._n_kv = max(self._n_kv, int(cells.max()) + 1)
 
     def release(self, cells: np.ndarray) -> None:
         self.pos[cells] = -1
         self.seqs[cells] = 0
+        self._cells_changed()
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cells' metadata (positions, sequence sets), for :meth:`restore`."""
+        return self.pos.copy(), self.seqs.copy()
+
+    def restore(self, snapshot: tuple[np.ndarray, np.ndarray]) -> None:
+        """Put back the metadata of a :meth:`snapshot` (the tensors are not touched)."""
+        self.pos[:], self.seqs[:] = snapshot
+        self._cells_changed()
 
     def mask(
         self, positions: np.ndarray, seq_ids: np.ndarray, n_kv: int, window: int = 0
@@ -203,6 +166,10 @@ class KVCache:
         Vectorized over sequences and cells; a slice keeps only the cells some query of
         it may see (positions up to its last query, inside the window of its first).
         """
+        if len(seq_ids) == 1:
+            one = self._one_query_rows(int(positions[0]), int(seq_ids[0]), n_kv, window)
+            if one is not None:
+                return one
         seq_ids = np.asarray(seq_ids, dtype=np.int64)
         positions = np.asarray(positions, dtype=np.int32)
         slice_seqs, q_slice = np.unique(seq_ids, return_inverse=True)
@@ -231,6 +198,35 @@ class KVCache:
         pos = np.where(rows >= 0, self.pos[rows], -1).astype(np.int32)
         return KVRows(q_rows, q_pos, rows, pos, q_index, window)
 
+    def _one_query_rows(self, p: int, seq: int, n_kv: int, window: int) -> KVRows | None:
+        """:meth:`rows` of one query (a decode step), built in arrays made once per context
+        and window: the cells of ``seq`` it sees, in position order. None when they are not
+        in position order already (cells reused out of order) or there are none: the
+        general path sorts them."""
+        bits, seen, test = self._bits[:n_kv], self._seen[:n_kv], self._test[:n_kv]
+        np.bitwise_and(self.seqs[:n_kv], np.uint64(1 << seq), out=bits)
+        np.not_equal(bits, 0, out=seen)
+        np.less_equal(self.pos[:n_kv], p, out=test)
+        np.logical_and(seen, test, out=seen)
+        if window > 0:
+            np.greater(self.pos[:n_kv], p - window, out=test)
+            np.logical_and(seen, test, out=seen)
+        count = int(np.count_nonzero(seen))
+        if count == 0:
+            return None
+        if window not in self._row_lists:  # one pair per window: a gemma step uses two
+            self._row_lists[window] = (
+                np.empty((1, self.n_ctx), dtype=np.int64),
+                np.empty((1, self.n_ctx), dtype=np.int32),
+            )
+        rows, pos = (a[:, :count] for a in self._row_lists[window])
+        np.compress(seen, self._cell_ids[:n_kv], out=rows[0])
+        np.take(self.pos, rows[0], out=pos[0])
+        if count > 1 and np.greater(pos[0, :-1], pos[0, 1:], out=test[: count - 1]).any():
+            return None
+        q_pos = np.full((1, 1), p, dtype=np.int32)
+        return KVRows(_ONE_QUERY, q_pos, rows, pos, _ONE_QUERY[0], window, all_allowed=True)
+
     def view(
         self, cells: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, path: str = "dense"
     ) -> KVView:
@@ -250,6 +246,7 @@ class KVCache:
         else:
             self.seqs[in_range] &= ~np.uint64(1 << seq_id)
         self.pos[self.seqs == 0] = -1
+        self._cells_changed()
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
         """Let ``dst`` see the cells of ``src`` in [p0, p1) without copying any tensor."""
@@ -259,6 +256,7 @@ class KVCache:
     def seq_keep(self, seq_id: int) -> None:
         self.seqs &= np.uint64(1 << seq_id)
         self.pos[self.seqs == 0] = -1
+        self._cells_changed()
 
     def seq_pos_max(self, seq_id: int) -> int:
         """Highest position of ``seq_id`` in the cache, -1 if it has none."""
@@ -268,3 +266,4 @@ class KVCache:
     def clear(self) -> None:
         self.pos[:] = -1
         self.seqs[:] = 0
+        self._cells_changed()

@@ -19,7 +19,7 @@ import numpy as np
 
 from tessera.contract.arch import ForwardInput
 from tessera.engine.batch import Batch
-from tessera.engine.kv_cache import KVRows
+from tessera.engine.kv_view import KVRows
 from tessera.errors import TesseraError
 
 #: llama.cpp's pooling types, in the order of GGUF ``{arch}.pooling_type`` numbers.

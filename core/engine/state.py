@@ -203,12 +203,12 @@ def load_state(
         _check_rng_state(path, sampler, rng_state)
     kv = ctx.kv
     n_cells = len(positions)
-    old_pos, old_seqs = kv.pos.copy(), kv.seqs.copy()
+    before = kv.snapshot()
     kv.seq_rm(seq_id)  # its old cells are free for the restored ones
     try:
         cells = kv.find_slot(n_cells, np.full(n_cells, seq_id))
     except ContextOverflowError as exc:
-        kv.pos[:], kv.seqs[:] = old_pos, old_seqs
+        kv.restore(before)
         raise StateFileError(
             f"'{path}' holds {n_cells} cells but the context has fewer free; raise -c"
         ) from exc
@@ -216,7 +216,7 @@ def load_state(
     try:
         set_n(ctx.model.backend, tensors, [cells] * len(tensors), arrays)
     except BaseException:
-        kv.pos[:], kv.seqs[:] = old_pos, old_seqs
+        kv.restore(before)
         raise
     kv.commit(cells, positions, np.full(n_cells, seq_id))
     if sampler is not None and rng_state is not None:
