@@ -15,7 +15,6 @@ before ``.`` or ``'s``) is not applied, so decoding stays lossless where encodin
 
 from __future__ import annotations
 
-import codecs
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 
 from tessera.text.hf_tokenizer import hf_dir_metadata
 from tessera.text.pre import PreTokenizer, pick_pre_tokenizer
+from tessera.text.stream import StreamDecoder
 from tessera.text.vocab import (
     SPACE_MARKER,
     SPECIAL_TYPES,
@@ -35,7 +35,7 @@ from tessera.text.vocab import (
 )
 from tessera.text.vocab_models import CHAR_TO_BYTE, byte_level_bpe, spm_bpe, wordpiece, wpm_words
 
-__all__ = ["StreamDecoder", "Tokenizer", "TokenizerError", "TokenType"]
+__all__ = ["Tokenizer", "TokenizerError", "TokenType"]
 
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around lstrip/rstrip special tokens
 
@@ -273,33 +273,3 @@ class Tokenizer:
     def _strips_prefix_space(self) -> bool:
         # The space the encoder put before the first word is not part of the text.
         return (self.model == "llama" and self.add_space_prefix) or self.model == "bert"
-
-
-class StreamDecoder:
-    """Incremental detokenization: feed ids one at a time, get back only complete UTF-8 text.
-
-    A character split over several byte tokens is held back until its last byte arrives, so
-    the concatenation of everything ``feed`` and ``flush`` return equals ``decode(ids)``.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
-        self._tok = tokenizer
-        self._skip_special = skip_special
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._strip_space = tokenizer._strips_prefix_space
-
-    def feed(self, token_id: int) -> str:
-        """Add one token; return the text it completes (possibly empty)."""
-        piece = self._tok.token_to_bytes(token_id)  # also rejects ids outside the vocabulary
-        special = self._tok.is_special(token_id)
-        if special and self._skip_special:
-            piece = b""
-        if self._strip_space and not special:
-            self._strip_space = False
-            if self._tok.token_type(token_id) == TokenType.NORMAL and piece.startswith(b" "):
-                piece = piece[1:]
-        return self._utf8.decode(piece)
-
-    def flush(self) -> str:
-        """Return what is left (an incomplete character becomes U+FFFD) and reset."""
-        return self._utf8.decode(b"", final=True)

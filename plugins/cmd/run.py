@@ -119,7 +119,7 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
     from tessera.engine.generate import GenerationStats, generate
     from tessera.engine.sampling import Sampler
     from tessera.text.chat_template import DEFAULT_CHATML, ChatTemplate
-    from tessera.text.tokenizer import StreamDecoder
+    from tessera.text.stream import StreamDecoder
 
     text = _prompt_text(args)
     sampler = Sampler(sampler_params_from_args(args))

@@ -15,7 +15,7 @@ from tessera.engine.slot_types import EngineBusyError, FinishEvent, GenerationRe
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.chat import StopStringMatcher
 from tessera.plugins.server.state import ServedModel
-from tessera.text.tokenizer import StreamDecoder
+from tessera.text.stream import StreamDecoder
 
 #: engine finish reasons as OpenAI spells them ("cancelled" only happens on a stop string
 #: here: a disconnected client gets no answer at all)

@@ -11,7 +11,8 @@ import pytest
 
 from tessera.errors import TesseraError
 from tessera.files.gguf import read_gguf
-from tessera.text.tokenizer import StreamDecoder, Tokenizer, TokenizerError
+from tessera.text.stream import StreamDecoder
+from tessera.text.tokenizer import Tokenizer, TokenizerError
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "data" / "vocab"
 VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "bert-bge")
