@@ -4,7 +4,8 @@ One pre-norm decoder: RMSNorm -> attention with GQA and RoPE -> residual -> RMSN
 SwiGLU FFN -> residual. The family members differ only in small facts this module reads
 from metadata: Qwen2 adds Q/K/V biases, Qwen3 normalizes Q and K per head (QK-norm), and
 GGUF ``llama`` files store Q/K rows permuted for GGML's normal-mode RoPE while every other
-case uses NeoX-style RoPE on unpermuted weights.
+case uses NeoX-style RoPE on unpermuted weights. The config, its GGUF keys and HF fields and
+the HF tensor names are declared in :mod:`tessera.models.llama.config`.
 """
 
 from __future__ import annotations
@@ -13,94 +14,33 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import attrs
-import numpy as np
-
 from tessera.contract.arch import (
     Architecture,
     ForwardInput,
     KVLayerLayout,
     check_tensors,
-    dims_from_hf,
     metadata_key,
 )
 from tessera.contract.fusion import LLAMA_DECODER, DecoderBlock
+from tessera.contract.names import (
+    default_head_dims,
+    fields_from_gguf,
+    fields_from_hf,
+    fields_to_gguf,
+    tensors_from_hf,
+)
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
+from tessera.models.llama.config import ARCHS, CONFIG_FIELDS, HF_NAMES, LlamaConfig
 
 TESSERA_PLUGIN_API = 1
-
-ARCHS = ("llama", "qwen2", "qwen3")
-
-
-@attrs.frozen
-class LlamaConfig:
-    """Hyper-parameters of one llama-family model, in GGUF terms."""
-
-    arch: str = attrs.field(validator=attrs.validators.in_(ARCHS))
-    n_vocab: int
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ctx_train: int = 4096
-    rope_freq_base: float = 10000.0
-    rope_freq_scale: float = 1.0
-    rms_eps: float = 1e-5
-    #: True: NeoX pairs (i, i + n_rot/2) on unpermuted Q/K; False: GGML normal mode.
-    rope_neox: bool = True
-    attn_bias: bool = False
-    qk_norm: bool = False
-    tied_embeddings: bool = False
-    #: MTP ("nextn") blocks stored after the main ones (GGUF ``{arch}.nextn_predict_layers``;
-    #: ``block_count`` counts them too). The main forward pass never runs them.
-    n_nextn: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        if self.n_head % self.n_head_kv:
-            raise ValueError(
-                f"n_head ({self.n_head}) must be a multiple of n_head_kv ({self.n_head_kv})"
-            )
-
-
-def _permute_for_normal_rope(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Reorder each head's rows from NeoX halves to interleaved pairs (llama.cpp's layout)."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-_HF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_HF_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 
 
 class LlamaArchitecture(Architecture):
     names = ARCHS
     hf_model_types = ARCHS
+    #: The HF tensor names it maps (the MoE architectures extend them).
+    hf_names = HF_NAMES
 
     def config_from_gguf(
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
@@ -108,41 +48,26 @@ class LlamaArchitecture(Architecture):
         arch = metadata["general.architecture"]
         if arch == "llama" and metadata.get("llama.expert_count"):  # Mixtral: routed experts
             return _moe_architecture().config_from_gguf(metadata, tensor_shapes)
-
-        def key(name: str, default: Any = None) -> Any:
-            return metadata_key(metadata, arch, name, default)
-
-        n_embd = int(key("embedding_length"))
-        n_nextn = int(metadata.get(f"{arch}.nextn_predict_layers", 0))
-        n_head = int(key("attention.head_count"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
+        fields = default_head_dims(fields_from_gguf(CONFIG_FIELDS, metadata, arch))
         n_vocab = (
-            metadata.get(f"{arch}.vocab_size")
+            fields["n_vocab"]
             or tensor_shapes.get(
                 "token_embd.weight", (len(metadata.get("tokenizer.ggml.tokens", [])),)
             )[0]
         )
         scale = 1.0
         if metadata.get(f"{arch}.rope.scaling.type", "none") == "linear":
-            scale = 1.0 / float(key("rope.scaling.factor"))
+            scale = 1.0 / float(metadata_key(metadata, arch, "rope.scaling.factor"))
+        # block_count counts the MTP (NextN) blocks stored after the main ones
+        n_layer = fields["n_layer"] - fields["n_nextn"]
         return LlamaConfig(
+            **fields | {"n_vocab": int(n_vocab), "n_layer": n_layer},
             arch=arch,
-            n_vocab=int(n_vocab),
-            n_embd=n_embd,
-            n_layer=int(key("block_count")) - n_nextn,
-            n_ff=int(key("feed_forward_length")),
-            n_head=n_head,
-            n_head_kv=int(key("attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_ctx_train=int(key("context_length", 4096)),
-            rope_freq_base=float(key("rope.freq_base", 10000.0)),
             rope_freq_scale=scale,
-            rms_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_neox=arch != "llama",
             attn_bias=arch == "qwen2",
             qk_norm=arch == "qwen3",
             tied_embeddings="output.weight" not in tensor_shapes,
-            n_nextn=n_nextn,
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> LlamaConfig:
@@ -155,37 +80,19 @@ class LlamaArchitecture(Architecture):
                 "architecture plugin; use a model with default or linear RoPE"
             )
         return LlamaConfig(
+            **default_head_dims(fields_from_hf(CONFIG_FIELDS, hf)),
             arch=arch,
-            **dims_from_hf(hf),
-            n_ctx_train=int(hf.get("max_position_embeddings", 4096)),
             rope_freq_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             rope_freq_scale=1.0 / float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
-            rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_neox=True,
             attn_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
             qk_norm=arch == "qwen3",
-            tied_embeddings=bool(hf.get("tie_word_embeddings", False)),
         )
 
     def gguf_metadata(self, c: LlamaConfig) -> dict[str, Any]:
         a = c.arch
-        meta = {
-            "general.architecture": a,
-            f"{a}.vocab_size": c.n_vocab,
-            f"{a}.context_length": c.n_ctx_train,
-            f"{a}.embedding_length": c.n_embd,
-            f"{a}.block_count": c.n_layer + c.n_nextn,
-            f"{a}.feed_forward_length": c.n_ff,
-            f"{a}.attention.head_count": c.n_head,
-            f"{a}.attention.head_count_kv": c.n_head_kv,
-            f"{a}.attention.key_length": c.head_dim,
-            f"{a}.attention.value_length": c.head_dim,
-            f"{a}.attention.layer_norm_rms_epsilon": c.rms_eps,
-            f"{a}.rope.freq_base": c.rope_freq_base,
-            f"{a}.rope.dimension_count": c.head_dim,
-        }
-        if c.n_nextn:
-            meta[f"{a}.nextn_predict_layers"] = c.n_nextn
+        meta = {"general.architecture": a, **fields_to_gguf(CONFIG_FIELDS, c, a)}
+        meta[f"{a}.block_count"] = c.n_layer + c.n_nextn  # the MTP blocks follow the main ones
         if c.rope_freq_scale != 1.0:
             meta[f"{a}.rope.scaling.type"] = "linear"
             meta[f"{a}.rope.scaling.factor"] = 1.0 / c.rope_freq_scale
@@ -221,28 +128,10 @@ class LlamaArchitecture(Architecture):
     def tensors_from_hf(
         self, c: LlamaConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
-        permute = for_gguf and c.arch == "llama"
-        for hf_name in hf_tensors:
-            if hf_name.endswith("rotary_emb.inv_freq"):
-                continue
-            if hf_name == "lm_head.weight" and c.tied_embeddings:
-                continue
-            name = _HF_GLOBAL_NAMES.get(hf_name)
-            if name is None and hf_name.startswith("model.layers."):
-                layer, _, rest = hf_name[len("model.layers.") :].partition(".")
-                if rest in _HF_LAYER_NAMES:
-                    name = f"blk.{layer}.{_HF_LAYER_NAMES[rest]}"
-            if name is None:
-                raise ModelFileError(
-                    f"unexpected tensor '{hf_name}' in a {c.arch} checkpoint; the "
-                    "llama architecture plugin does not know where it goes"
-                )
-            value = hf_tensors[hf_name]
-            if permute and name.endswith(("attn_q.weight", "attn_q.bias")):
-                value = _permute_for_normal_rope(np.asarray(value), c.n_head)
-            elif permute and name.endswith(("attn_k.weight", "attn_k.bias")):
-                value = _permute_for_normal_rope(np.asarray(value), c.n_head_kv)
-            yield name, value
+        skip = ("lm_head.weight",) if c.tied_embeddings else ()
+        return tensors_from_hf(
+            self.hf_names, c, hf_tensors, for_gguf, skip=skip, checkpoint=f"a {c.arch}"
+        )
 
     def example_config(self, **overrides: Any) -> LlamaConfig:
         arch = overrides.get("arch", "llama")

@@ -39,7 +39,13 @@ from tessera.contract.names import ConfigField, fields_from_gguf, fields_from_hf
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig, LlamaGraph
-from tessera.models.llama.moe_hf import HF_SHARED_NAMES, Subset, qwen_moe_name, stacked_experts
+from tessera.models.llama.moe_hf import (
+    HF_NAMES,
+    HF_SHARED_NAMES,
+    Subset,
+    qwen_moe_name,
+    stacked_experts,
+)
 
 TESSERA_PLUGIN_API = 1
 
@@ -97,6 +103,7 @@ class MoEConfig(LlamaConfig):
 class MoEArchitecture(LlamaArchitecture):
     names = ("qwen3moe", "qwen2moe")  # GGUF "llama" (Mixtral) comes through the llama plugin
     hf_model_types = tuple(HF_TYPES)
+    hf_names = HF_NAMES
 
     def variant(self, config: MoEConfig) -> MoEArchitecture:
         return MixtralArchitecture() if config.arch == "llama" else self
@@ -180,20 +187,16 @@ class MoEArchitecture(LlamaArchitecture):
     def tensors_from_hf(
         self, c: MoEConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
-        dense, experts = {}, {}
+        mapped, experts = {}, {}
         for hf_name in hf_tensors:
             layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
             rest = qwen_moe_name(rest)
-            if not hf_name.startswith("model.layers.") or not rest.startswith("mlp."):
-                dense[hf_name] = hf_name
-            elif rest in HF_SHARED_NAMES:
-                value = np.asarray(hf_tensors[hf_name])
-                if rest == "mlp.shared_expert_gate.weight":
-                    value = value.reshape(-1)  # (1, n_embd) in HF, a vector in GGUF
-                yield f"blk.{layer}.{HF_SHARED_NAMES[rest]}", value
-            else:
-                experts.setdefault(int(layer), {})[rest] = hf_name
-        yield from super().tensors_from_hf(c, Subset(hf_tensors, dense), for_gguf)
+            if hf_name.startswith("model.layers.") and rest.startswith("mlp."):
+                if rest not in HF_SHARED_NAMES:
+                    experts.setdefault(int(layer), {})[rest] = hf_name
+                    continue
+            mapped[hf_name] = hf_name
+        yield from super().tensors_from_hf(c, Subset(hf_tensors, mapped), for_gguf)
         for layer, names in sorted(experts.items()):
             yield from stacked_experts(c, layer, names, hf_tensors)
 

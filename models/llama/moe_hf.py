@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import attrs
 import numpy as np
 
 from tessera.errors import ModelFileError
+from tessera.models.llama.config import HF_NAMES as LLAMA_HF_NAMES
 
 HF_EXPERT_NAMES = {
     "gate_proj": "ffn_gate_exps",
@@ -28,6 +30,23 @@ HF_SHARED_NAMES = {
     "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
     "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
 }
+
+
+def _vector(value: Any, c: Any) -> np.ndarray:
+    return np.asarray(value).reshape(-1)  # (1, n_embd) in HF, a vector in GGUF
+
+
+#: The llama family's names plus the router (Mixtral's under its own name) and the shared
+#: expert; the routed experts are many HF tensors to one GGUF tensor (stacked_experts).
+HF_NAMES = attrs.evolve(
+    LLAMA_HF_NAMES,
+    layer_names={
+        **LLAMA_HF_NAMES.layer_names,
+        **HF_SHARED_NAMES,
+        "block_sparse_moe.gate.weight": "ffn_gate_inp.weight",
+    },
+    transforms={**LLAMA_HF_NAMES.transforms, "ffn_gate_inp_shexp.weight": _vector},
+)
 
 
 #: Mixtral's per-expert projections -> the Qwen MoE names.
