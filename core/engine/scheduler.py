@@ -26,6 +26,7 @@ shrink; a generating slot that still cannot get a cell ends with
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
     from tessera.engine.context import Context
     from tessera.engine.slot_types import EngineMetrics, Slot
 
+log = logging.getLogger("tessera.slots")
+
 
 @attrs.frozen
 class Finish:
@@ -48,6 +51,12 @@ class Finish:
 
     reason: str
     error: str | None = None
+    #: The request failed: free the slot's cells too (its cache may not match its tokens).
+    drop_cache: bool = False
+
+
+def _failed(exc: Exception) -> Finish:
+    return Finish("error", f"generation failed: {type(exc).__name__}: {exc}", drop_cache=True)
 
 
 #: What a step tells the engine, in order: a token to report, or a request's end.
@@ -121,9 +130,16 @@ class Scheduler:
         room = min(budget, free) - len(plan)
         for entry in plan:  # drafts take what room is left after one row per slot
             if room > 0 and entry.slot.drafter is not None:
-                entry.draft = self._draft(entry.slot, room)
+                try:
+                    entry.draft = self._draft(entry.slot, room)
+                except Exception as exc:  # a drafter that raises fails its request alone
+                    log.exception("request %d: drafting failed", entry.slot.task.id)
+                    events.append((entry.slot, _failed(exc)))
+                    continue
                 entry.tokens += entry.draft.tokens
                 room -= len(entry.draft)
+        failed = {id(slot) for slot, _ in events}
+        plan = [e for e in plan if id(e.slot) not in failed]
         for slot in reading:
             if room <= 0:
                 break
@@ -168,22 +184,28 @@ class Scheduler:
         events: list[Event] = []
         out_row = 0
         for e in plan.entries:
-            slot = e.slot
-            if e.draft:
-                n_rows = len(e.tokens)
-                self._verify(slot, e, logits[out_row : out_row + n_rows], events)
-                out_row += n_rows
-                continue
-            slot.cache_tokens.extend(e.tokens)
-            if slot.pending is None:
-                slot.n_done += len(e.tokens)
-                self.metrics.n_prompt_tokens += len(e.tokens)
-            else:
-                slot.pending = None
-            if e.output:
-                self._sample(slot, logits[out_row], events)
-                out_row += 1
+            n_rows = len(e.tokens) if e.draft else int(e.output)
+            try:  # a request whose sampling raises (bad settings, a broken constraint) fails alone
+                self._after_decode(e, logits[out_row : out_row + n_rows], events)
+            except Exception as exc:
+                log.exception("request %d failed after the decode", e.slot.task.id)
+                events.append((e.slot, _failed(exc)))
+            out_row += n_rows
         return events
+
+    def _after_decode(self, e: _Entry, rows: np.ndarray, events: list[Event]) -> None:
+        slot = e.slot
+        if e.draft:
+            self._verify(slot, e, rows, events)
+            return
+        slot.cache_tokens.extend(e.tokens)
+        if slot.pending is None:
+            slot.n_done += len(e.tokens)
+            self.metrics.n_prompt_tokens += len(e.tokens)
+        else:
+            slot.pending = None
+        if e.output:
+            self._sample(slot, rows[0], events)
 
     def _verify(self, slot: Slot, entry: _Entry, rows: np.ndarray, events: list[Event]) -> None:
         """Keep the drafted tokens the target agrees with, roll the rest out of the cache."""

@@ -17,16 +17,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
 
+from tessera.engine.admission import Admission
 from tessera.engine.context import Context
-from tessera.engine.drafting import Drafter
-from tessera.engine.prompt_cache import MIN_TOKENS, PromptStore, common_prefix
-from tessera.engine.sampling import Sampler
+from tessera.engine.prompt_cache import PromptStore
 from tessera.engine.scheduler import Event, Finish, Scheduler
 from tessera.engine.slot_files import SlotFiles
 from tessera.engine.slot_types import (
@@ -45,7 +44,7 @@ from tessera.errors import TesseraError
 log = logging.getLogger("tessera.slots")
 
 
-class SlotEngine(SlotFiles):
+class SlotEngine(SlotFiles, Admission):
     """Runs requests in the slots of ``ctx`` on one background thread."""
 
     def __init__(
@@ -55,6 +54,7 @@ class SlotEngine(SlotFiles):
         max_queue: int = 64,
         prompt_store_bytes: int = 0,
         spec: SlotSpec | None = None,
+        stall_after_s: float = 600.0,
     ) -> None:
         self.ctx = ctx
         self.slots = [Slot(i) for i in range(ctx.params.n_seq_max)]
@@ -71,6 +71,11 @@ class SlotEngine(SlotFiles):
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._next_task_id = 0
+        #: Why the engine thread stopped (None while it runs); see :meth:`health`.
+        self.failure: str | None = None
+        #: Seconds a step may take while requests run before :meth:`health` says stalled.
+        self.stall_after_s = stall_after_s
+        self._last_progress = time.monotonic()
 
     # -- public API (any thread) ------------------------------------------------------
 
@@ -94,6 +99,8 @@ class SlotEngine(SlotFiles):
         :class:`EngineBusyError` when the wait queue is full.
         """
         validate_request(request, self.ctx.n_ctx, self.ctx.model.n_vocab, len(self.slots))
+        if self.failure is not None:
+            raise EngineBusyError(f"the engine has stopped ({self.failure}); restart the server")
         with self._cv:
             idle = sum(1 for s in self.slots if s.task is None)
             if len(self._queue) >= self.max_queue + idle:
@@ -128,7 +135,28 @@ class SlotEngine(SlotFiles):
 
     # -- the loop (engine thread) -----------------------------------------------------
 
+    def health(self) -> tuple[bool, str]:
+        """``(ok, reason)``: not ok when the engine thread has died, or has held work
+        without a step for longer than ``stall_after_s`` (a watchdog reads this)."""
+        if self.failure is not None:
+            return False, f"the engine thread stopped: {self.failure}"
+        busy = sum(1 for s in self.slots if s.task is not None)
+        stalled = time.monotonic() - self._last_progress
+        if busy and stalled > self.stall_after_s:
+            return False, f"no decode step for {stalled:.0f} s with {busy} request(s) running"
+        return True, "ok"
+
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug in the loop itself: say so, fail what it held
+            log.exception("the slot engine's loop stopped")
+            self.failure = f"{type(exc).__name__}: {exc}"
+            self._shutdown("error", f"the engine stopped: {self.failure}")
+            return
+        self._shutdown()
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 while not (
@@ -150,8 +178,22 @@ class SlotEngine(SlotFiles):
             self._reap_cancelled()
             self._admit()
             if any(s.task is not None for s in self.slots):
-                self._step()
-        self._shutdown()
+                try:
+                    self._step()
+                except Exception as exc:  # a request's work raised: fail those it touched
+                    ids = [s.task.id for s in self.slots if s.task is not None]
+                    log.exception("a decode step of requests %s failed", ids)
+                    for slot in self.slots:
+                        if slot.task is not None:
+                            self._drop(slot, f"generation failed: {type(exc).__name__}: {exc}")
+            self._last_progress = time.monotonic()
+
+    def _drop(self, slot: Slot, error: str) -> None:
+        """End the slot's request with ``error`` and free its cells: after a failure its
+        cache may not match its tokens."""
+        self.ctx.kv.seq_rm(slot.id, 0)
+        slot.cache_tokens = []
+        self.finish(slot, "error", error)
 
     def _step(self) -> None:
         """One decode step over every busy slot."""
@@ -170,22 +212,25 @@ class SlotEngine(SlotFiles):
 
     def _apply(self, events: list[Event]) -> None:
         for slot, event in events:
-            if isinstance(event, Finish):
+            if isinstance(event, Finish) and event.drop_cache:
+                self._drop(slot, event.error or "generation failed")
+            elif isinstance(event, Finish):
                 self.finish(slot, event.reason, event.error)
             else:
                 self.emit_token(slot, event)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, reason: str = "cancelled", error: str | None = None) -> None:
+        """End every queued and running request with ``reason`` and fail pending calls."""
         with self._cv:
             queued, self._queue = list(self._queue), deque()
             controls, self._controls = list(self._controls), deque()
         for task in queued:
-            self._emit(task, finish_event(None, task, "cancelled"))
+            self._emit(task, finish_event(None, task, reason, error))
         for slot in self.slots:
             if slot.task is not None:
-                self.finish(slot, "cancelled")
+                self.finish(slot, reason, error)
         for _, future in controls:
-            future.set_exception(TesseraError("the server is shutting down"))
+            future.set_exception(TesseraError(error or "the server is shutting down"))
         if self.prompt_store is not None:
             self.prompt_store.close()
         for slot in self.slots:
@@ -212,65 +257,14 @@ class SlotEngine(SlotFiles):
                 continue
             with self._cv:
                 self._queue.remove(task)
-            self._start(slot, task)
-
-    def _choose_slot(self, request: GenerationRequest) -> Slot | None:
-        """The requested slot; else the idle slot with the longest cached prefix of the
-        prompt; else an empty one; else the one used longest ago."""
-        idle = [s for s in self.slots if s.task is None]
-        if request.id_slot >= 0:
-            slot = self.slots[request.id_slot]
-            return slot if slot.task is None else None
-        if not idle:
-            return None
-
-        def rank(s: Slot) -> tuple[int, bool, float]:
-            reuse = common_prefix(s.cache_tokens, request.prompt) if request.cache_prompt else 0
-            return (reuse, not s.cache_tokens, -s.last_used)
-
-        return max(idle, key=rank)
-
-    def _start(self, slot: Slot, task: Task) -> None:
-        req = task.request
-        n_past = common_prefix(slot.cache_tokens, req.prompt) if req.cache_prompt else 0
-        if self.prompt_store is not None and req.cache_prompt:
-            n_past = self._use_prompt_store(slot, req.prompt, n_past)
-        n_past = min(n_past, len(req.prompt) - 1)  # the last prompt token gives the logits
-        self.ctx.kv.seq_rm(slot.id, n_past)
-        del slot.cache_tokens[n_past:]
-        slot.task, slot.prompt = task, req.prompt
-        slot.n_done = slot.n_cached = n_past
-        slot.pending, slot.n_generated = None, 0
-        slot.sampler = Sampler(req.sampler)
-        slot.constraint = req.constraint() if req.constraint is not None else None
-        slot.history = list(req.prompt)
-        slot.t_start, slot.t_first = time.perf_counter(), None
-        slot.drafter = None
-        # constrained or logprob requests sample token by token
-        if self.spec is not None and slot.constraint is None and req.logprobs is None:
-            if slot.spec_decoder is None:
-                slot.spec_decoder = self.spec.create()
-            params = self.spec.params
-            slot.drafter = Drafter(
-                slot.spec_decoder, params, req.prompt, slot.id, n_max=params.draft_max
-            )
-        self.metrics.n_prompt_tokens_cached += n_past
-
-    def _use_prompt_store(self, slot: Slot, prompt: Sequence[int], n_past: int) -> int:
-        """Save what the request would overwrite; restore a stored state that shares more
-        of the prompt than the slot does. Returns the prefix now cached."""
-        store = self.prompt_store
-        if len(slot.cache_tokens) - n_past >= MIN_TOKENS:
-            if store.save(self.ctx, slot.id, slot.cache_tokens):
-                self.metrics.n_prompt_store_saved += 1
-        entry, n_stored = store.best(prompt)
-        if entry is not None and n_stored > n_past:
-            tokens = store.restore(self.ctx, slot.id, entry)
-            if tokens is not None:
-                slot.cache_tokens = tokens
-                self.metrics.n_prompt_store_restored += 1
-                return common_prefix(tokens, prompt)
-        return n_past
+            try:
+                self._start(slot, task)
+            except Exception as exc:  # this request alone cannot start
+                log.exception("request %d could not start", task.id)
+                self.ctx.kv.seq_rm(slot.id, 0)  # _start may have changed the slot's cells
+                slot.task, slot.cache_tokens, slot.pending, slot.drafter = None, [], None, None
+                error = f"the request could not start: {type(exc).__name__}: {exc}"
+                self._emit(task, finish_event(None, task, "error", error))
 
     # -- events -----------------------------------------------------------------------
 

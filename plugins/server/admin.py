@@ -22,6 +22,12 @@ def _state(request: Request) -> ServerState:
 
 
 async def health(request: Request) -> Any:
+    """200 ``{"status": "ok"}``, or 503 with the reason when an engine is dead or stalled
+    (what the watchdog stops the server for)."""
+    for served in _state(request).pool.served():
+        ok, reason = served.engine.health()
+        if not ok:
+            raise ApiError(503, f"model '{served.name}': {reason}")
     return JSONResponse({"status": "ok"})
 
 

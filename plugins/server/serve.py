@@ -9,6 +9,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--embd-normalize", type=int, default=2, help="-1 none, 0 max-abs, 1 taxicab, 2 L2"
+    )
+    g.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=600.0,
+        help="seconds a decode step may take with requests running before the server calls "
+        "itself stalled: /health answers 503 and the process exits non-zero (a supervisor "
+        "restarts it)",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -164,6 +173,7 @@ def load_served(
         max_queue=args.max_queue,
         prompt_store_bytes=max(args.cache_ram, 0) << 20,
         spec=slot_spec(args, runtime, ctx),
+        stall_after_s=getattr(args, "watchdog_s", 600.0),
     )
     return ServedModel(
         name=name or settings.alias or Path(model.path).name,
@@ -242,5 +252,42 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     host, port = sock.getsockname()[:2]
     names = ", ".join(m.name for m in state.pool.served()) or args.models_dir or "models"
     print(f"tessera serve: http://{host}:{port} ({names})", file=sys.stderr, flush=True)
-    server(app, args.shutdown_timeout).run(sockets=[sock])
+    srv = server(app, args.shutdown_timeout)
+    watchdog = Watchdog(state, srv)
+    threading.Thread(target=watchdog.watch, name="tessera-watchdog", daemon=True).start()
+    srv.run(sockets=[sock])
+    if watchdog.reason is not None:
+        print(f"error: {watchdog.reason}; the server stopped", file=sys.stderr)
+        return EXIT_UNHEALTHY
     return 0
+
+
+#: Exit code when the watchdog stopped the server (EX_SOFTWARE): a supervisor restarts it.
+EXIT_UNHEALTHY = 70
+
+
+class Watchdog:
+    """Stops the server when an engine is dead or stalled (see ``SlotEngine.health``), so
+    that the process exits non-zero and a supervisor (systemd, Kubernetes) restarts it."""
+
+    def __init__(self, state: ServerState, srv: Any, every_s: float = 1.0) -> None:
+        self.state, self.srv, self.every_s = state, srv, every_s
+        self.reason: str | None = None
+
+    def check(self) -> str | None:
+        """The first unhealthy engine's reason, or None."""
+        for served in self.state.pool.served():
+            ok, reason = served.engine.health()
+            if not ok:
+                return f"model '{served.name}': {reason}"
+        return None
+
+    def watch(self) -> None:
+        while not self.srv.should_exit:
+            time.sleep(self.every_s)
+            reason = self.check()
+            if reason is not None:
+                log.error("%s; stopping so that a supervisor can restart the server", reason)
+                self.reason = reason
+                self.srv.should_exit = True
+                return
