@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tessera.contract.experts import MoEOptions
@@ -29,12 +30,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_models: bool = 
         + ("; repeat for several models" if several_models else ""),
     )
     g.add_argument(
-        "-c", "--ctx-size", type=int, default=0, help="context size (0 = model's, max 4096)"
+        "-c",
+        "--ctx-size",
+        type=int_at_least(0, "0 = the model's"),
+        default=0,
+        help="context size (0 = model's, max 4096)",
     )
-    g.add_argument("-b", "--batch-size", type=int, default=2048, help="logical batch size")
-    g.add_argument("-ub", "--ubatch-size", type=int, default=512, help="physical batch size")
-    g.add_argument("-np", "--parallel", type=int, default=1, help="number of parallel sequences")
-    g.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0 = backend default)")
+    g.add_argument(
+        "-b", "--batch-size", type=int_at_least(1), default=2048, help="logical batch size"
+    )
+    g.add_argument(
+        "-ub", "--ubatch-size", type=int_at_least(1), default=512, help="physical batch size"
+    )
+    g.add_argument(
+        "-np", "--parallel", type=int_at_least(1), default=1, help="number of parallel sequences"
+    )
+    # the default 0 leaves the backend's own count; a given -t must be a real count
+    g.add_argument(
+        "-t", "--threads", type=int_at_least(1), default=0, help="CPU threads (default: backend's)"
+    )
     g.add_argument(
         "-fa",
         "--flash-attn",
@@ -98,16 +112,56 @@ def moe_options_from_args(args: argparse.Namespace) -> MoEOptions:
         ) from exc
 
 
+def int_at_least(low: int, note: str = "") -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low``, refused at parse time (before any model
+    loads) with a message naming the value and the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+        if value < low:
+            extra = f" ({note})" if note else ""
+            raise argparse.ArgumentTypeError(f"must be at least {low}{extra}, got {value}")
+        return value
+
+    return parse
+
+
+def sampler_value(field: str, kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse ``type`` for a :class:`SamplerParams` field: ``kind(text)`` checked by the
+    field's own validator (NaN, out of range, a seed below -1 are refused at parse time)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        try:
+            return getattr(SamplerParams(**{field: value}), field)
+        except TesseraError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sampling")
     d = SamplerParams()
-    g.add_argument("--temp", type=float, default=d.temperature, help="temperature (0 = greedy)")
-    g.add_argument("--top-k", type=int, default=d.top_k, help="top-k (0 = off)")
-    g.add_argument("--top-p", type=float, default=d.top_p, help="top-p (1 = off)")
-    g.add_argument("--min-p", type=float, default=d.min_p, help="min-p (0 = off)")
-    g.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty)
-    g.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n)
-    g.add_argument("-s", "--seed", type=int, default=None, help="RNG seed (default: random)")
+
+    def flag(*names: str, field: str, kind: Callable[[str], Any], help: str) -> None:
+        default = getattr(d, field)
+        g.add_argument(*names, type=sampler_value(field, kind), default=default, help=help)
+
+    flag("--temp", field="temperature", kind=float, help="temperature (0 = greedy)")
+    flag("--top-k", field="top_k", kind=int, help="top-k (0 = off)")
+    flag("--top-p", field="top_p", kind=float, help="top-p (1 = off)")
+    flag("--min-p", field="min_p", kind=float, help="min-p (0 = off)")
+    flag("--repeat-penalty", field="repeat_penalty", kind=float, help="> 0 (1 = off)")
+    flag("--repeat-last-n", field="repeat_last_n", kind=int, help="tokens penalized (0 = off)")
+    flag("-s", "--seed", field="seed", kind=int, help="RNG seed (default, -1: random)")
 
 
 def sampler_params_from_args(args: argparse.Namespace) -> SamplerParams:
@@ -134,7 +188,7 @@ def load_model_from_args(args: argparse.Namespace, runtime: Any) -> Model:
         moe=moe_options_from_args(args),
     )
     backend = model.backend
-    if args.threads > 0:
+    if args.threads > 0:  # 0: the flag was not given
         backend.set_threads(args.threads)
     log.info(
         "loaded %s (%s) on %s/%s",

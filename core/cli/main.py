@@ -1,8 +1,8 @@
 """The ``tessera`` command line: a skeleton whose subcommands come from plugins.
 
 Only ``tessera plugins`` lives in core, so that the plugin set can always be inspected.
-Errors a user can act on (:class:`TesseraError`) print as one line and a non-zero exit;
-``--verbose`` also shows the traceback.
+Errors a user can act on (:class:`TesseraError`, and an ``OSError`` no command turned into
+one) print as one line and a non-zero exit; ``--verbose`` also shows the traceback.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # a file a command could not open that no check named first
+        if early.verbose:
+            traceback.print_exc()
+        where = f"'{exc.filename}': " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,12 +16,14 @@ from typing import Any
 
 import attrs
 
-#: OpenAI error ``type`` for each HTTP status the server uses.
+#: OpenAI error ``type`` for each HTTP status the server uses (llama-server's names); any
+#: other status is ``invalid_request_error`` below 500 and ``server_error`` from 500 on.
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
@@ -31,8 +33,17 @@ ERROR_TYPES = {
 }
 
 
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
 class ApiError(Exception):
-    """An HTTP error with a message a client can act on."""
+    """An HTTP error with a message a client can act on.
+
+    ``code`` is OpenAI's: a string naming the case (``invalid_api_key``,
+    ``context_length_exceeded``, ``model_not_found``) or None, sent as null. (llama-server
+    sends the HTTP status there; OpenAI's clients type it as a string.)
+    """
 
     def __init__(
         self, status: int, message: str, param: str | None = None, *, code: str | None = None
@@ -47,9 +58,9 @@ class ApiError(Exception):
         return {
             "error": {
                 "message": self.message,
-                "type": ERROR_TYPES.get(self.status, "server_error"),
+                "type": error_type(self.status),
                 "param": self.param,
-                "code": self.code if self.code is not None else self.status,
+                "code": self.code,
             }
         }
 

@@ -6,6 +6,8 @@ min-p -> temperature -> draw. A temperature of 0 (or below) means greedy.
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
 import attrs
@@ -13,31 +15,96 @@ import numpy as np
 
 from tessera.errors import TesseraError
 
+#: ``seed`` asking for a random seed, as llama.cpp's ``--seed -1`` and ``"seed": -1``.
+RANDOM_SEED = -1
+#: numpy's ``default_rng`` takes seeds in ``[0, SEED_LIMIT)`` here.
+SEED_LIMIT = 2**64
+_F32_MAX = float(np.finfo(np.float32).max)
 
-def _at_least(low: float):
+
+class SamplerParamError(TesseraError):
+    """A sampling setting outside its range; ``field`` names it (the server's ``param``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _in_range(
+    value: object, integer: bool, low: float | None, high: float | None, above: bool
+) -> bool:
+    if isinstance(value, bool) or not isinstance(
+        value, numbers.Integral if integer else numbers.Real
+    ):
+        return False
+    # a huge int cannot become a float, so only floats are asked whether they are finite
+    if not integer and not math.isfinite(value):
+        return False
+    if low is not None and (value <= low if above else value < low):
+        return False
+    return high is None or value <= high
+
+
+def _check(
+    integer: bool,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    above: bool = False,
+    note: str = "",
+):
+    """A validator of an int (``integer``) or finite float field from ``low`` (exclusive when
+    ``above``) to ``high``; its error names the field, the value and the range."""
+    want = "an integer" if integer else "a finite number"
+    if low is not None and high is not None:
+        want += f" between {low:g} and {high:g}"
+    elif low is not None:
+        want += f" {'>' if above else '>='} {low:g}"
+    if note:
+        want += f" ({note})"
+
     def check(instance, attribute, value):
-        if value < low:
-            raise TesseraError(f"{attribute.name} must be >= {low}, got {value}")
+        if not _in_range(value, integer, low, high, above):
+            raise SamplerParamError(
+                attribute.name, f"{attribute.name} must be {want}, got {value!r}"
+            )
 
     return check
 
 
-def _unit_interval(instance, attribute, value):
-    if not 0.0 <= value <= 1.0:
-        raise TesseraError(f"{attribute.name} must be between 0 and 1, got {value}")
+def _random_seed(value: object) -> object:
+    """-1 (llama.cpp's random seed) becomes None, which draws one from the OS."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == RANDOM_SEED:
+        return None
+    return value
+
+
+def _seed_range(instance, attribute, value):
+    if value is not None and not _in_range(value, True, 0, SEED_LIMIT - 1, False):
+        raise SamplerParamError(
+            "seed",
+            f"seed must be an integer between 0 and 2**64 - 1, or {RANDOM_SEED} for a random "
+            f"seed, got {value!r}",
+        )
 
 
 @attrs.frozen
 class SamplerParams:
-    """Sampling settings (llama.cpp flags: --temp --top-k --top-p --min-p --repeat-penalty)."""
+    """Sampling settings (llama.cpp flags: --temp --top-k --top-p --min-p --repeat-penalty
+    --repeat-last-n --seed); each checks its range and raises :class:`SamplerParamError`."""
 
-    temperature: float = 0.8
-    top_k: int = attrs.field(default=40, validator=_at_least(0))  # 0 = off
-    top_p: float = attrs.field(default=0.95, validator=_unit_interval)  # 1 = off
-    min_p: float = attrs.field(default=0.05, validator=_unit_interval)  # 0 = off
-    repeat_penalty: float = attrs.field(default=1.0, validator=_at_least(0.0))  # 1 = off
-    repeat_last_n: int = attrs.field(default=64, validator=_at_least(0))
-    seed: int | None = None
+    temperature: float = attrs.field(
+        default=0.8, validator=_check(False, note="0 or below = greedy")
+    )
+    top_k: int = attrs.field(default=40, validator=_check(True, 0, note="0 = off"))
+    top_p: float = attrs.field(default=0.95, validator=_check(False, 0, 1, note="1 = off"))
+    min_p: float = attrs.field(default=0.05, validator=_check(False, 0, 1, note="0 = off"))
+    repeat_penalty: float = attrs.field(
+        default=1.0, validator=_check(False, 0, above=True, note="1 = off")
+    )
+    repeat_last_n: int = attrs.field(default=64, validator=_check(True, 0, note="0 = off"))
+    #: None (or -1, stored as None): a random seed.
+    seed: int | None = attrs.field(default=None, converter=_random_seed, validator=_seed_range)
 
     @property
     def greedy(self) -> bool:
@@ -58,7 +125,10 @@ class Sampler:
         recent = np.unique(np.asarray(history[-p.repeat_last_n :], dtype=np.int64))
         logits = logits.copy()
         seen = logits[recent]
-        logits[recent] = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        # a penalty near 0 or a huge one overflows: clipped, as an infinite logit makes NaN odds
+        with np.errstate(over="ignore", divide="ignore"):
+            penalized = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
+        logits[recent] = np.clip(penalized, -_F32_MAX, _F32_MAX)
         return logits
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:

@@ -174,8 +174,14 @@ def _check_header(path: Path) -> None:
             f"'{path}' is a folder without config.json; pass -m with a .gguf file or a "
             "Hugging Face model folder"
         )
-    with path.open("rb") as f:
-        magic = f.read(4)
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        fix = "make it readable (chmod a+r)" if isinstance(exc, PermissionError) else "check it"
+        raise ModelFileError(
+            f"cannot read model file '{path}' ({exc.strerror or exc}); {fix} or pass another file"
+        ) from None
     if magic != GGUF_MAGIC:
         raise ModelFileError(
             f"'{path}' is not a GGUF file (it does not start with the GGUF magic bytes); "

@@ -43,7 +43,10 @@ TESSERA_PLUGIN_API = 1
 _SWITCH = {"on": "on", "1": "on", "off": "off", "0": "off", "auto": "auto"}
 
 
-def _list(kind: Any, allowed: dict[str, str] | None = None) -> Any:
+def _list(kind: Any, allowed: dict[str, str] | None = None, low: int = 0) -> Any:
+    """An argparse ``type``: a comma list of ``kind`` values (each >= ``low``) or of the
+    ``allowed`` words."""
+
     def parse(text: str) -> list[Any]:
         items = [v.strip() for v in text.split(",") if v.strip()]
         try:
@@ -53,8 +56,8 @@ def _list(kind: Any, allowed: dict[str, str] | None = None) -> Any:
             raise argparse.ArgumentTypeError(
                 f"expected a comma list of {what}, got '{text}'"
             ) from None
-        if not values or (not allowed and min(values) < 0):
-            raise argparse.ArgumentTypeError(f"expected non-negative values, got '{text}'")
+        if not values or (not allowed and min(values) < low):
+            raise argparse.ArgumentTypeError(f"expected values >= {low}, got '{text}'")
         return values
 
     return parse
@@ -79,8 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("-n", "--n-gen", type=_list(int), default=[128], help="generation sizes (tg)")
     g.add_argument("-r", "--repetitions", type=int, default=5, help="runs of each test")
     g.add_argument("-t", "--threads", type=_list(int), default=[0], help="threads (0 = default)")
-    g.add_argument("-b", "--batch-size", type=_list(int), default=[2048], help="logical batch")
-    g.add_argument("-ub", "--ubatch-size", type=_list(int), default=[512], help="physical batch")
+    g.add_argument(
+        "-b", "--batch-size", type=_list(int, low=1), default=[2048], help="logical batch"
+    )
+    g.add_argument(
+        "-ub", "--ubatch-size", type=_list(int, low=1), default=[512], help="physical batch"
+    )
     g.add_argument(
         "-fa", "--flash-attn", type=_list(str, _SWITCH), default=["auto"], help="on,off,auto"
     )

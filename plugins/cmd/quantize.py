@@ -141,7 +141,7 @@ def quantize_model(
 
     Returns ``{"types": {tensor: type name}, "fallbacks": [tensor, ...]}``. Raises
     :class:`TesseraError` (writing nothing) for an unknown target, a missing or bad
-    ``src``, or a ``dst`` that is ``src`` itself.
+    ``src``, a ``dst`` that is ``src`` itself, a folder, or in a folder that does not exist.
     """
     from tessera.files.gguf import RawTensor, read_gguf
     from tessera.files.load import stored_tensor
@@ -155,6 +155,12 @@ def quantize_model(
     if _same_file(src, dst):
         raise TesseraError(
             f"output '{dst}' is the input file; quantize into a new file (the input is kept)"
+        )
+    if dst.is_dir():
+        raise TesseraError(f"output '{dst}' is a folder; pass the path of the file to write")
+    if not dst.parent.is_dir():  # as llama-quantize: a mistyped folder is not created
+        raise TesseraError(
+            f"output folder '{dst.parent}' does not exist; create it first or write elsewhere"
         )
     gguf = read_gguf(src)
     if not gguf.architecture:

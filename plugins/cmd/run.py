@@ -12,6 +12,7 @@ from tessera.cli.args import (
     add_sampling_arguments,
     context_from_args,
     context_params_from_args,
+    int_at_least,
     load_model_from_args,
     sampler_params_from_args,
 )
@@ -35,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--prompt", default=None, help="prompt text")
     parser.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     parser.add_argument(
-        "-n", "--n-predict", type=int, default=128, help="tokens to generate (-1 = until end)"
+        "-n",
+        "--n-predict",
+        type=int_at_least(-2, "-1 = until end, -2 = until the context is full"),
+        default=128,
+        help="tokens to generate (-1 = until end; -2, until the context is full, is the same "
+        "here: there is no context shift)",
     )
     parser.add_argument(
         "--chat", action="store_true", help="wrap the prompt in the model's chat template"

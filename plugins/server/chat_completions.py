@@ -26,6 +26,7 @@ from .openai_common import (
     logprob_entry,
     max_tokens,
     response_head,
+    sampler_params,
     sse,
 )
 
@@ -75,13 +76,15 @@ def prompt_tokens(served: ServedModel, text: str) -> list[int]:
 async def chat_completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
-    served = await state.model_for(request, f.get("model"))
     n = f.integer("n", 1, 1, 16)
-    sessions = [_session(served, f) for _ in range(n)]
-    prompt = prompt_tokens(served, sessions[0].prompt())
     want_logprobs = f.boolean("logprobs", False)
     n_top = f.integer("top_logprobs", 0, 0, 20) if want_logprobs else -1
-    requests = await generation_requests(f, served, prompt, n, max_tokens(f, served, -1), n_top)
+    n_predict = max_tokens(f, default=-1)
+    samplers = sampler_params(f, n)
+    served = await state.model_for(request, f.get("model"))
+    sessions = [_session(served, f) for _ in range(n)]
+    prompt = prompt_tokens(served, sessions[0].prompt())
+    requests = await generation_requests(f, served, prompt, samplers, n_predict, n_top)
     runs = start_runs(served, requests, f.string_list("stop"))
     head = response_head(served, "chat.completion", "chatcmpl")
     if f.boolean("stream", False):

@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from tessera.contract.routes import ApiError
 from tessera.plugins.server.state import ServedModel, ServerState
 
-from .fields import Fields, read_json
+from .fields import Fields, read_json, token_ids
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
 from .openai_common import (
     SSE_HEADERS,
@@ -18,6 +18,7 @@ from .openai_common import (
     interleave,
     max_tokens,
     response_head,
+    sampler_params,
 )
 
 
@@ -28,9 +29,10 @@ def prompts_of(served: ServedModel, prompt: Any) -> list[list[int]]:
     def one(p: Any) -> list[int]:
         if isinstance(p, str):
             return tok.encode(p, add_special=True, parse_special=True)
-        if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
-            return list(p)
-        raise ApiError(400, "'prompt' must be a string, token ids, or a list of them", "prompt")
+        ids = token_ids(p, tok.n_vocab, "prompt")
+        if ids is None:
+            raise ApiError(400, "'prompt' must be a string, token ids, or a list of them", "prompt")
+        return ids
 
     if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
         return [one(p) for p in prompt]
@@ -58,15 +60,18 @@ def _logprobs(served: ServedModel, run: ChoiceRun, offset: int = 0) -> dict[str,
 async def completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request))
-    served = await state.model_for(request, f.get("model"))
-    prompts = prompts_of(served, f.required("prompt"))
     n = f.integer("n", 1, 1, 16)
     logprobs = f.integer("logprobs", None, 0, 20)
-    n_predict = max_tokens(f, served, default=16)
+    n_predict = max_tokens(f, default=16)
+    samplers = sampler_params(f, n)
     stream = f.boolean("stream", False)
+    served = await state.model_for(request, f.get("model"))
+    prompts = prompts_of(served, f.required("prompt"))
     n_top = -1 if logprobs is None else logprobs
     requests = [
-        req for p in prompts for req in await generation_requests(f, served, p, n, n_predict, n_top)
+        req
+        for p in prompts
+        for req in await generation_requests(f, served, p, samplers, n_predict, n_top)
     ]
     runs = start_runs(served, requests, f.string_list("stop"))
     head = response_head(served, "text_completion", "cmpl")

@@ -17,7 +17,7 @@ from tessera.contract.routes import ApiError
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.server.state import ServedModel, ServerState
 
-from .fields import Fields, read_json
+from .fields import Fields, read_json, token_ids
 
 
 def _embedder(served: ServedModel) -> Any:
@@ -48,10 +48,11 @@ def _inputs(served: ServedModel, value: Any) -> list[list[int]]:
     for item in value:
         if isinstance(item, str):
             out.append(tok.encode(item, add_special=True, parse_special=False))
-        elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
-            out.append(list(item))
-        else:
+            continue
+        ids = token_ids(item, tok.n_vocab, "input")
+        if ids is None:
             raise ApiError(400, "each input must be a string or a list of token ids", "input")
+        out.append(ids)
     return out
 
 

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from starlette.requests import Request
 
 from tessera.contract.routes import ApiError
 
-_MISSING = object()
+
+def _span(lo: float | None, hi: float | None) -> str:
+    """`` between 0 and 1``, `` >= 1``: the range in an error message."""
+
+    def show(x: float) -> str:
+        return str(x) if isinstance(x, int) else f"{x:g}"
+
+    if lo is not None and hi is not None:
+        return f" between {show(lo)} and {show(hi)}"
+    if lo is not None:
+        return f" >= {show(lo)}"
+    return f" <= {show(hi)}" if hi is not None else ""
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -17,11 +29,26 @@ async def read_json(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, 5000-digit ints
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return body
+
+
+def token_ids(value: Any, n_vocab: int, name: str) -> list[int] | None:
+    """``value`` as a non-empty list of token ids, None if it is not a list of integers;
+    an id outside the vocabulary is a 400 here, before the engine sees it."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return None
+    bad = next((t for t in value if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise ApiError(
+            400, f"token id {bad} in '{name}' is outside the vocabulary [0, {n_vocab})", name
+        )
+    return list(value)
 
 
 class Fields:
@@ -31,7 +58,10 @@ class Fields:
         self.body = body
 
     def _bad(self, name: str, want: str) -> ApiError:
-        return ApiError(400, f"'{name}' must be {want}, got {self.body.get(name)!r}", param=name)
+        shown = repr(self.body.get(name))
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return ApiError(400, f"'{name}' must be {want}, got {shown}", param=name)
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.body.get(name, default)
@@ -48,25 +78,34 @@ class Fields:
         value = self.get(name, default)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._bad(name, "an integer")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            raise self._bad(name, f"an integer {span}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or (lo is not None and value < lo)
+            or (hi is not None and value > hi)
+        ):
+            raise self._bad(name, "an integer" + _span(lo, hi))
         return value
 
     def number(
         self, name: str, default: float | None, lo: float | None = None, hi: float | None = None
     ) -> float | None:
+        """A finite number: Python's JSON parser reads NaN and Infinity, which no field takes."""
         value = self.get(name, default)
         if value is None:
             return None
+        want = "a finite number" + _span(lo, hi)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self._bad(name, "a number")
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            span = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            raise self._bad(name, f"a number {span}")
-        return float(value)
+            raise self._bad(name, want)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise self._bad(name, want) from None
+        if not math.isfinite(number):
+            raise self._bad(name, want)
+        if (lo is not None and number < lo) or (hi is not None and number > hi):
+            raise self._bad(name, want)
+        return number
 
     def boolean(self, name: str, default: bool) -> bool:
         value = self.get(name, default)

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+import attrs
+
 from tessera.contract.routes import ApiError
-from tessera.engine.sampling import SamplerParams
+from tessera.engine.sampling import SEED_LIMIT, SamplerParamError, SamplerParams
 from tessera.engine.slot_types import GenerationRequest, TokenEvent
-from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServedModel
 
 from .fields import Fields
@@ -36,36 +38,49 @@ def response_head(served: ServedModel, object_name: str, prefix: str) -> dict[st
     }
 
 
-def sampler_params(f: Fields, choice: int) -> SamplerParams:
-    """OpenAI's sampling fields plus llama.cpp's (top_k, min_p, repeat_penalty)."""
-    seed = f.integer("seed", None)
+def sampler_params(f: Fields, n: int) -> list[SamplerParams]:
+    """The sampler of each of ``n`` choices from OpenAI's sampling fields plus llama.cpp's
+    (top_k, min_p, repeat_penalty, repeat_last_n, seed -1 = random). Called before any work:
+    a value out of its range is a 400 naming the field, never an error in the engine.
+
+    The server keeps temperature to OpenAI's 0..2; the other ranges are
+    :class:`SamplerParams`' own.
+    """
     try:
-        return SamplerParams(
+        params = SamplerParams(
             temperature=f.number("temperature", _DEFAULTS.temperature, 0.0, 2.0),
-            top_p=f.number("top_p", _DEFAULTS.top_p, 0.0, 1.0),
-            top_k=f.integer("top_k", _DEFAULTS.top_k, 0),
-            min_p=f.number("min_p", _DEFAULTS.min_p, 0.0, 1.0),
-            repeat_penalty=f.number("repeat_penalty", _DEFAULTS.repeat_penalty, 0.0),
-            repeat_last_n=f.integer("repeat_last_n", _DEFAULTS.repeat_last_n, 0),
-            # each of n choices draws its own stream, reproducibly when a seed is given
-            seed=None if seed is None else seed + choice,
+            top_p=f.number("top_p", _DEFAULTS.top_p),
+            top_k=f.integer("top_k", _DEFAULTS.top_k),
+            min_p=f.number("min_p", _DEFAULTS.min_p),
+            repeat_penalty=f.number("repeat_penalty", _DEFAULTS.repeat_penalty),
+            repeat_last_n=f.integer("repeat_last_n", _DEFAULTS.repeat_last_n),
+            seed=f.integer("seed", None),
         )
-    except TesseraError as exc:
-        raise ApiError(400, str(exc)) from None
+    except SamplerParamError as exc:
+        raise ApiError(400, str(exc), param=exc.field) from None
+    if params.seed is None:
+        return [params] * n
+    # each choice draws its own stream, reproducibly: choice i uses seed + i
+    return [attrs.evolve(params, seed=(params.seed + i) % SEED_LIMIT) for i in range(n)]
 
 
-def max_tokens(f: Fields, served: ServedModel, default: int) -> int:
-    """max_completion_tokens, max_tokens or n_predict (-1: until the context is full),
-    clamped by the server's --max-tokens-cap."""
-    value = f.integer("max_completion_tokens", None, 1)
-    if value is None:
-        value = f.integer("max_tokens", None, 1)
-    if value is None:
-        value = f.integer("n_predict", default, -1)
+def max_tokens(f: Fields, default: int) -> int:
+    """max_completion_tokens, max_tokens or n_predict (-1: until the context is full), the
+    first one given; each one given is checked."""
+    given = [
+        f.integer("max_completion_tokens", None, 1),
+        f.integer("max_tokens", None, 1),
+        f.integer("n_predict", None, -1),
+    ]
+    return next((v for v in given if v is not None), default)
+
+
+def capped(n_predict: int, served: ServedModel) -> int:
+    """``n_predict`` clamped by the server's --max-tokens-cap."""
     cap = served.settings.max_tokens_cap
-    if cap >= 0 and (value < 0 or value > cap):
-        value = cap
-    return value
+    if cap >= 0 and (n_predict < 0 or n_predict > cap):
+        return cap
+    return n_predict
 
 
 async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
@@ -94,24 +109,33 @@ async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] |
 
 
 async def generation_requests(
-    f: Fields, served: ServedModel, prompt: Sequence[int], n: int, n_predict: int, logprobs: int
+    f: Fields,
+    served: ServedModel,
+    prompt: Sequence[int],
+    samplers: Sequence[SamplerParams],
+    n_predict: int,
+    logprobs: int,
 ) -> list[GenerationRequest]:
-    constraint = await json_constraint(f, served)
-    id_slot = f.integer("id_slot", -1, -1)
+    """One request per choice (one sampler each), ``n_predict`` capped by the server."""
+    n_slots = len(served.engine.slots)
+    id_slot = f.integer("id_slot", -1, -1, n_slots - 1)
     cache_prompt = f.boolean("cache_prompt", True)
+    ignore_eos = f.boolean("ignore_eos", False)
+    bias = logit_bias(f, served)
+    constraint = await json_constraint(f, served)
     return [
         GenerationRequest(
             prompt=prompt,
-            max_tokens=n_predict,
-            sampler=sampler_params(f, i),
+            max_tokens=capped(n_predict, served),
+            sampler=sampler,
             logprobs=logprobs if logprobs >= 0 else None,
-            id_slot=id_slot if n == 1 else -1,
+            id_slot=id_slot if len(samplers) == 1 else -1,
             cache_prompt=cache_prompt,
             constraint=constraint,
-            ignore_eos=f.boolean("ignore_eos", False),
-            logit_bias=logit_bias(f, served),
+            ignore_eos=ignore_eos,
+            logit_bias=bias,
         )
-        for i in range(n)
+        for sampler in samplers
     ]
 
 
@@ -125,14 +149,19 @@ def logit_bias(f: Fields, served: ServedModel) -> tuple[tuple[int, float], ...]:
             token = int(key)
         except ValueError:
             token = -1
-        if not 0 <= token < n_vocab or isinstance(bias, bool) or not isinstance(bias, int | float):
+        if (
+            not 0 <= token < n_vocab
+            or isinstance(bias, bool)
+            or not isinstance(bias, int | float)
+            or (isinstance(bias, float) and not math.isfinite(bias))
+        ):
             raise ApiError(
                 400,
-                f"logit_bias must map token ids in [0, {n_vocab}) to numbers; got {key!r}: "
+                f"logit_bias must map token ids in [0, {n_vocab}) to finite numbers; got {key!r}: "
                 f"{bias!r}",
                 "logit_bias",
             )
-        out.append((token, max(-100.0, min(100.0, float(bias)))))
+        out.append((token, float(max(-100, min(100, bias)))))  # clamped first: a huge int
     return tuple(out)
 
 

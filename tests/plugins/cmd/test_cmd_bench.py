@@ -156,3 +156,21 @@ def test_moe_offload_flags_and_cache_counters(capsys, evicts):
     rows = list(csv.DictReader(io.StringIO(_run(capsys, *argv, "--moe-cache-mib",
                                                 str(thrash_mib), "-o", "csv"))))  # fmt: skip
     assert int(rows[0]["moe_cache_hits"]) + int(rows[0]["moe_cache_misses"]) == lookups
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-b", "512,0"], "-b/--batch-size: expected values >= 1, got '512,0'"),
+        (["-ub", "0"], "-ub/--ubatch-size: expected values >= 1"),
+        (["-t", "-1"], "-t/--threads: expected values >= 0"),
+    ],
+)
+def test_list_flags_out_of_range_are_refused_when_parsed(capsys, argv, message):
+    command = registered_command("tessera.plugins.cmd.bench", "bench")
+    parser = argparse.ArgumentParser(prog="tessera bench")
+    command.add_arguments(parser)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

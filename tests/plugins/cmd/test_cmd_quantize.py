@@ -191,3 +191,14 @@ def test_moe_routers_stay_f32_and_stacked_experts_are_quantized(tmp_path):
     assert out.shape == read_gguf(src).tensors["blk.0.ffn_gate_exps.weight"].shape
     assert out.data.size == out.shape[0] * out.shape[1] * q4_k.row_bytes(out.shape[2])
     load_model(tmp_path / "q4k.gguf", RUNTIME, "numpy")
+
+
+def test_an_output_folder_that_does_not_exist_is_refused_not_created(tmp_path, model_f32, capsys):
+    out = tmp_path / "missing" / "deeper" / "out.gguf"
+    assert main(["quantize", str(model_f32), str(out), "q8_0"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1
+    assert f"output folder '{out.parent}' does not exist; create it first" in errors[0]
+    assert not (tmp_path / "missing").exists()
+    with pytest.raises(TesseraError, match="is a folder"):
+        quantize_model(model_f32, tmp_path, "q8_0", RUNTIME)
