@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 
 from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
+from tessera.contract.ops import Op
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 class NumpyBackend(Backend):
@@ -22,10 +23,16 @@ class NumpyBackend(Backend):
     device = "cpu"
     dtype = "f32"
 
-    def supports(self, op: str, **attrs: Any) -> bool:
+    def supports(self, op: Op) -> bool:
         # attention_rows is implemented as a reference but declined: numpy contexts always
         # run the dense-mask fallback, so that path stays exercised by every numpy test.
-        return op in CORE_OPS or op in ("rope_ext", "tanh", "gelu_erf", "moe_ffn", "linear")
+        return op.name in CORE_OPS or op.name in (
+            "rope_ext",
+            "tanh",
+            "gelu_erf",
+            "moe_ffn",
+            "linear",
+        )
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
         a = np.asarray(a)

@@ -9,5 +9,5 @@ architectures, quantization types, CLI commands — is a plugin found through th
 __version__ = "0.1.0"
 
 #: Version of the plugin API. A plugin module declares the version it was written for as
-#: ``TESSERA_PLUGIN_API = 1``; the loader refuses a plugin whose major version differs.
-PLUGIN_API_VERSION = 1
+#: ``TESSERA_PLUGIN_API = 2``; the loader refuses a plugin whose major version differs.
+PLUGIN_API_VERSION = 2

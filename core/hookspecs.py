@@ -7,7 +7,7 @@ for and implements any of the hooks below with :data:`hookimpl`::
     # my_plugin.py, registered as  [project.entry-points."tessera"] my-thing = "my_plugin"
     from tessera.hookspecs import hookimpl
 
-    TESSERA_PLUGIN_API = 1
+    TESSERA_PLUGIN_API = 2
 
     @hookimpl
     def tessera_register_quant_types(register):

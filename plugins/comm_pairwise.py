@@ -27,7 +27,7 @@ from tessera.contract.comm import (
 )
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 MAGIC = b"TPW1"
 #: magic, op, dtype code, flags, sequence number, payload length (little-endian, 24 bytes).

@@ -28,7 +28,7 @@ from tessera.contract.comm import (
 )
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 class TorchDistributedCommunicator(Communicator):

@@ -23,7 +23,7 @@ from typing import Any
 from tessera.contract.experts import ExpertCacheInfo, SlowExperts, loaded_nbytes
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 class ExpertCache:

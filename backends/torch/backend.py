@@ -23,7 +23,7 @@ from tessera.errors import SwitchValueError, UnknownBackendError
 from tessera.hookspecs import hookimpl
 from tessera.switches import CHOICE, ON, Switch, text
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 #: Accepted dtype spellings and the canonical name the backend reports.
 DTYPE_NAMES = {

@@ -30,6 +30,7 @@ from tessera.backends.torch.rope import RopeOps
 from tessera.backends.torch.transfers import TransferOps
 from tessera.backends.torch.weights import WeightOps
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS, Backend
+from tessera.contract.ops import Op
 from tessera.switches import flag
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -64,14 +65,14 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
 
     # -- capability probe and setup --------------------------------------------------
 
-    def supports(self, op: str, **attrs: Any) -> bool:
-        if op not in CORE_OPS + OPTIONAL_OPS:
+    def supports(self, op: Op) -> bool:
+        if op.name not in CORE_OPS + OPTIONAL_OPS:
             return False
-        if op in ("rope", "rope_ext"):
-            n_rot, head_dim = attrs.get("n_rot", 0), attrs.get("head_dim")
+        if op.name in ("rope", "rope_ext"):
+            n_rot, head_dim = op.get("n_rot", 0), op.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
-        if op in ("attention", "attention_rows"):
-            n_head, n_head_kv = attrs.get("n_head", 1), attrs.get("n_head_kv", 1)
+        if op.name in ("attention", "attention_rows"):
+            n_head, n_head_kv = op.get("n_head", 1), op.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
         return True
 

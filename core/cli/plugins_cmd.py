@@ -8,6 +8,7 @@ from typing import Any
 
 from tessera import PLUGIN_API_VERSION, __version__
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS
+from tessera.contract.ops import Op
 from tessera.engine.context import ContextParams, choose_kv_path, choose_prune
 from tessera.errors import TesseraError
 from tessera.switches import FLAG_OFF, FLAG_ON, KINDS, read
@@ -43,7 +44,7 @@ def _backend_lines(runtime: Any) -> list[str]:
         except TesseraError as exc:
             lines.append(f"  {name}: not usable here ({exc})")
             continue
-        ops = [op for op in CORE_OPS if backend.supports(op)]
+        ops = [op for op in CORE_OPS if backend.supports(Op(op, dtype=backend.dtype))]
         missing = [op for op in CORE_OPS if op not in ops]
         lines.append(
             f"  {name}: device={backend.device} dtype={backend.dtype} — {info.description}"
@@ -52,7 +53,9 @@ def _backend_lines(runtime: Any) -> list[str]:
         if missing:
             lines.append(f"    not supported: {', '.join(missing)}")
         for op in OPTIONAL_OPS:
-            state = "supported" if backend.supports(op) else "not supported"
+            state = (
+                "supported" if backend.supports(Op(op, dtype=backend.dtype)) else "not supported"
+            )
             lines.append(f"    optional {op}: {state}")
         lines.append(
             f"    kv path (default context): {choose_kv_path(None, ContextParams(), backend)}"
@@ -103,9 +106,9 @@ def _backend_entry(
         backend = info.create(None, None)
     except TesseraError as exc:
         return {**entry, "usable": False, "error": str(exc)}
-    ops = [op for op in CORE_OPS if backend.supports(op)]
-    for op in OPTIONAL_OPS:
-        backend.supports(op)  # as the text listing asks: the same paths get decided
+    ops = [op for op in CORE_OPS if backend.supports(Op(op, dtype=backend.dtype))]
+    for op in OPTIONAL_OPS:  # as the text listing asks: the same paths get decided
+        backend.supports(Op(op, dtype=backend.dtype))
     for k in entry["kernels"]:
         supported = kernels[(name, k["quant_type"])].supports(backend)
         k["state"] = "active" if supported else "declined by probe"

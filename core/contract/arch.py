@@ -155,7 +155,7 @@ class Architecture(ABC):
     def required_ops(self, config: Any) -> list[tuple[str, dict[str, Any]]]:
         """The ops the forward pass calls, with the parameters it calls them with.
 
-        The loader asks the backend's ``supports(op, **params)`` for each before it loads
+        The loader asks the backend's ``supports(Op(op, params, dtype))`` for each before it loads
         any weight, so an unsupported combination is found up front (and, when no backend
         was named, another backend is chosen). The default lists every core op without
         parameters; architectures override it with their real shapes.

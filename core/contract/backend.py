@@ -5,8 +5,9 @@ dtype. Architectures build their forward pass only from the methods below, so an
 that implements them runs every architecture. Shapes use numpy order; ``T`` is the number
 of token rows in the ubatch, ``H`` heads, ``D`` head size, ``C`` KV-cache cells.
 
-Before it takes an optional path, the core asks ``supports(op, **attrs)`` with the op's
-real parameters; a backend answers False for what it cannot do and the core falls back.
+Before it takes an optional path, the core asks ``supports(op)`` with the op described
+(:class:`tessera.contract.ops.Op`: name, dtype, shapes, parameters), then ``worth(op)``;
+a backend answers False for what it cannot do (or would rather not) and the core falls back.
 Every path taken is recorded with its reason: per weight and per context in
 :attr:`Backend.placements`, and the backend's own switched paths (native kernels, fused
 ops ...), each chosen once through :func:`tessera.switches.choose`, in :attr:`Backend.paths`.
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import numpy as np
 
+from tessera.contract.ops import Op
 from tessera.contract.optional_ops import OptionalOps
 
 if TYPE_CHECKING:
@@ -109,13 +111,23 @@ class Backend(OptionalOps, ABC):
 
     # -- capability probe ------------------------------------------------------------
 
-    def supports(self, op: str, **attrs: Any) -> bool:
-        """Whether this backend can run ``op`` with these parameters (dtypes, shapes ...).
+    def supports(self, op: Op) -> bool:
+        """Whether this backend *can* run ``op`` (its name, dtype, shapes and parameters).
 
         The default answers True for every op in :data:`CORE_OPS`; backends override it
-        to decline optional ops or parameter combinations they cannot handle.
+        to take optional ops or to decline parameter combinations they cannot handle. A
+        declined optional op is never called: the core composes it from core ops or takes
+        another path.
         """
-        return op in CORE_OPS
+        return op.name in CORE_OPS
+
+    def worth(self, op: Op) -> bool:
+        """Optional: whether the backend *prefers* ``op`` where the core could take another
+        path (row lists or a dense mask, a fused op or its parts). Asked only after
+        :meth:`supports` said yes; the default says yes. A backend that can run an op
+        but knows it loses to the fallback on this device answers False here, so the
+        conformance kit still checks the op."""
+        return True
 
     def use_kernels(self, kernels: Mapping[tuple[str, str], WeightKernel]) -> None:  # noqa: B027
         """Receive the registered weight kernels, keyed by ``(backend name, quant type name)``.

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from tessera.contract.ops import Op
 from tessera.files.gguf import RawTensor
 from tessera.switches import MOE_FFN_DISABLE, Choice, choose
 
@@ -257,7 +258,7 @@ def moe_ffn_enabled(backend: Any, **params: Any) -> Choice:
     """Whether to call the backend's ``moe_ffn`` op, and why (switch, probe)."""
 
     def probe() -> tuple[bool, str]:
-        if not backend.supports("moe_ffn", **params):
+        if not backend.supports(Op("moe_ffn", params, backend.dtype)):
             return False, f"backend {backend.name} declines moe_ffn"
         return True, "backend supports moe_ffn"
 

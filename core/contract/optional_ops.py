@@ -1,7 +1,8 @@
 """The optional ops of the backend contract, and the batched transfers' defaults.
 
 A backend may lack any op here: it declares the ones it has through
-``Backend.supports(op, ...)``, and the core falls back to core ops when it declines.
+``Backend.supports(op)`` (a :class:`tessera.contract.ops.Op`), and the core falls back to
+core ops when it declines.
 Each op's default raises (the default probe declines, so the core never calls it) except
 the batched transfers, whose defaults are the per-tensor path.
 """

@@ -12,6 +12,7 @@ import attrs
 import numpy as np
 
 from tessera.contract.arch import ForwardInput
+from tessera.contract.ops import Op
 from tessera.engine.batch import Batch
 from tessera.engine.kv_cache import KVCache
 from tessera.errors import ContextOverflowError, TesseraError
@@ -70,8 +71,11 @@ def choose_kv_path(
             return False, "-fa off"
         if not params.kv_unified:
             return False, "KV cache split per sequence (not unified)"
-        if not backend.supports("attention_rows", **(attention or {})):
+        rows_op = Op("attention_rows", attention or {}, backend.dtype)
+        if not backend.supports(rows_op):
             return False, f"backend {backend.name} does not support attention_rows"
+        if not backend.worth(rows_op):
+            return False, f"backend {backend.name} prefers the dense mask"
         return True, (
             f"unified, -fa {params.flash_attn}, backend {backend.name} supports attention_rows"
         )

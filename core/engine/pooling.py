@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tessera.contract.arch import ForwardInput
+from tessera.contract.ops import Op
 from tessera.engine.batch import Batch
 from tessera.engine.kv_view import KVRows
 from tessera.errors import TesseraError
@@ -209,7 +210,8 @@ def classifier_head(model: Any, pooled: np.ndarray) -> np.ndarray:
 
     if "cls.weight" in w:
         x = dense(x, "cls")
-        x = b.tanh(x) if b.supports("tanh") else b.from_numpy(np.tanh(b.to_numpy(x)))
+        tanh = Op("tanh", dtype=b.dtype)
+        x = b.tanh(x) if b.supports(tanh) else b.from_numpy(np.tanh(b.to_numpy(x)))
     if "cls.output.weight" in w:
         x = dense(x, "cls.output")
     return b.to_numpy(x).astype(np.float32)

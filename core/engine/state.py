@@ -27,6 +27,7 @@ import attrs
 import numpy as np
 
 from tessera.contract.backend import Backend
+from tessera.contract.ops import Op
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.switches import BATCHED_COPY_DISABLE, Choice, choose
 
@@ -46,7 +47,8 @@ def batched_transfers(backend: Backend, op: str) -> Choice:
     """``(use the backend's batched op, why)``: its probe says yes and no switch is set."""
 
     def probe() -> tuple[bool, str]:
-        if backend.supports(op):
+        described = Op(op, dtype=backend.dtype)
+        if backend.supports(described) and backend.worth(described):
             return True, f"backend {backend.name} supports {op}"
         return False, f"backend {backend.name} does not support {op}"
 

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from tessera.contract.experts import MoEOptions, build_experts
+from tessera.contract.ops import Op
 from tessera.errors import ModelFileError, UnknownBackendError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.hf import read_hf_config, read_safetensors_dir
@@ -69,7 +70,7 @@ def unsupported_ops(backend: Any, arch: Any, config: Any) -> list[str]:
     return [
         op + ("(" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
         for op, params in arch.required_ops(config)
-        if not backend.supports(op, **params)
+        if not backend.supports(Op(op, params, backend.dtype))
     ]
 
 

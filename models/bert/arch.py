@@ -33,7 +33,7 @@ from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.bert.graph import FUSED_LINEAR_DISABLE, FUSED_QKV, BertGraph
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 #: ``classifier_activation`` values: applied to rank scores by the embedding engine.
 CLASSIFIER_ACTIVATIONS = ("none", "sigmoid", "softmax")

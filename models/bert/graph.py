@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tessera.contract.arch import ForwardInput
+from tessera.contract.ops import Op
 from tessera.engine.pooling import SequenceAttention
 from tessera.errors import TesseraError
 from tessera.switches import OFF, ON, Switch, choose
@@ -37,7 +38,7 @@ class BertGraph:
         self.w = weights
         self.b = backend
         self.attn_scale = 1.0 / math.sqrt(config.head_dim)
-        linear = backend.supports("linear")
+        linear = backend.supports(Op("linear", dtype=backend.dtype))
         why = "backend supports linear" if linear else "backend declines linear"
         dense = choose(FUSED_LINEAR_DISABLE, (linear, why), on="linear", off="matmul + add")
         self.fused = dense.path == "linear"
@@ -45,11 +46,12 @@ class BertGraph:
         self.qkv = self._fuse_qkv()
         if "token_types.weight" in weights:
             self.type0 = backend.get_rows(weights["token_types.weight"], np.zeros(1, np.int32))
-        exact = config.gelu_exact and backend.supports("gelu_erf")
+        exact = config.gelu_exact and backend.supports(Op("gelu_erf", dtype=backend.dtype))
         self.gelu = backend.gelu_erf if exact else backend.gelu
         self.gelu_name = "gelu_erf" if exact else "gelu"
         # the FFN's GELU inside the up projection's linear op, where the backend takes it
-        self.fused_gelu = self.fused and backend.supports("linear", activation=self.gelu_name)
+        fused_gelu = Op("linear", {"activation": self.gelu_name}, backend.dtype)
+        self.fused_gelu = self.fused and backend.supports(fused_gelu)
         if config.gelu_exact:
             backend.record(
                 "bert gelu",

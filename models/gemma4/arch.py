@@ -27,7 +27,7 @@ from tessera.hookspecs import hookimpl
 from tessera.models.gemma4 import config as gemma4_config
 from tessera.models.gemma4.config import ARCH, Gemma4Config, per_layer
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 def _scalar(value: Any, c: Any) -> np.ndarray:

@@ -38,7 +38,7 @@ from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.gemma_embedding.graph import ROPE_BASE_LOCAL, GemmaEmbeddingGraph
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 ARCH = "gemma-embedding"
 SWA_PATTERN = 6  # every 6th layer attends globally (llama.cpp's fixed Gemma 3 pattern)

@@ -33,7 +33,7 @@ from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.llama.config import ARCHS, CONFIG_FIELDS, HF_NAMES, LlamaConfig
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 class LlamaArchitecture(Architecture):

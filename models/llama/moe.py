@@ -47,7 +47,7 @@ from tessera.models.llama.moe_hf import (
     stacked_experts,
 )
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 #: MoE arch -> the dense llama-family arch whose attention it uses (Mixtral: ``llama``).
 BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "llama": "llama"}

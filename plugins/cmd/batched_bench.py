@@ -28,7 +28,7 @@ from tessera.contract.commands import Command
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 OUTPUT_FORMATS = ("md", "json", "jsonl")
 

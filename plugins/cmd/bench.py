@@ -38,7 +38,7 @@ from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 from tessera.plugins.cmd.bench_output import OUTPUT_FORMATS, Printer, test_record
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 _SWITCH = {"on": "on", "1": "on", "off": "off", "0": "off", "auto": "auto"}
 

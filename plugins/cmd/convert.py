@@ -26,7 +26,7 @@ from tessera.files.hf import read_hf_config, read_safetensors_dir
 from tessera.files.model_names import resolve_model_path
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 log = logging.getLogger("tessera.convert")
 

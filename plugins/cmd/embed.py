@@ -24,7 +24,7 @@ from tessera.engine.pooling import POOLING_TYPES
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 def add_embedding_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ from tessera.errors import TesseraError
 from tessera.files.gguf_writer import F32_TENSORS, FLOAT_TYPES, QUANTIZATION_VERSION, write_gguf
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 #: TYPE argument -> (quant type name, ``general.file_type``). q4_k is llama.cpp's Q4_K_M
 #: (file type 15, what ``llama-quantize ... Q4_K`` writes); fp8_e4m3's number is tessera's.

@@ -19,7 +19,7 @@ from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 from tessera.plugins.cmd.embed import add_embedding_arguments, embedder_from_args
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 ACTIVATIONS = ("none", "sigmoid", "softmax")
 

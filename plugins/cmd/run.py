@@ -29,7 +29,7 @@ from tessera.plugins.spec.cli import (
 from tessera.plugins.tensor_parallel.launch import SWITCHES as TP_SWITCHES
 from tessera.plugins.tensor_parallel.launch import add_tp_arguments, tp_requested
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

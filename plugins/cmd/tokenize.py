@@ -9,7 +9,7 @@ from typing import Any
 from tessera.contract.commands import Command
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

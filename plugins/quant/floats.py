@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 def _as_f32(x: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 from tessera.contract.quant import QuantType, WeightKernel, kernel_matches_reference
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 #: tessera's GGML type id for FP8 E4M3 (not a ggml id; documented in docs/quant-types.md).
 GGML_TYPE_FP8_E4M3 = 200

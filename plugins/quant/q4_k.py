@@ -39,7 +39,7 @@ from tessera.plugins.quant.kquant_common import (
 from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
 from tessera.switches import NUMBER, Switch
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
 GROUP = 32

@@ -35,7 +35,7 @@ from tessera.plugins.quant.kquant_common import (
     torch_grouped_weight,
 )
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 TYPE_SIZE = QK_K // 2 + QK_K // 4 + QK_K // 16 + 2
 GROUP = 16

@@ -29,7 +29,7 @@ from tessera.contract.quant import (
 from tessera.hookspecs import hookimpl
 from tessera.switches import NUMBER, Choice, Switch, choose, number
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 BLOCK_SIZE = 32
 TYPE_SIZE = 2 + BLOCK_SIZE

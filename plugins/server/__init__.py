@@ -15,7 +15,7 @@ from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
 from tessera.switches import Switch
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 #: (path, module, handler, methods, public)

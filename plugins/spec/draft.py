@@ -22,7 +22,7 @@ import numpy as np
 from tessera.contract.spec import Draft, SpecDecoder, SpecDecoderInfo, SpecParams
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 DEFAULT_DRAFT_NAME = "tessera-default-draft.gguf"
 

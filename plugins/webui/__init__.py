@@ -11,7 +11,7 @@ from collections.abc import Callable
 from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 #: (path, module, handler, methods, public): the page and its files are public (they

@@ -8,6 +8,7 @@ import pytest
 
 from tessera.backends.numpy import NumpyBackend
 from tessera.contract.backend import OPTIONAL_OPS, Backend
+from tessera.contract.ops import op
 from tessera.engine import state as context_state
 from tessera.plugin_manager import Runtime
 
@@ -37,8 +38,8 @@ ROWS = {
 
 def test_transfers_are_optional_ops():
     assert {"set_n", "get_n", "copy_n"} <= set(OPTIONAL_OPS)
-    assert not NumpyBackend().supports("set_n")
-    assert RUNTIME.create_backend("torch", device="cpu", dtype="f32").supports("get_n")
+    assert not NumpyBackend().supports(op("set_n"))
+    assert RUNTIME.create_backend("torch", device="cpu", dtype="f32").supports(op("get_n"))
 
 
 @pytest.mark.parametrize("rows", ROWS)

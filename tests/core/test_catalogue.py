@@ -22,7 +22,7 @@ from tessera.plugin_manager import Runtime
 
 def _backend_plugin(*infos: BackendInfo) -> types.ModuleType:
     module = types.ModuleType("tessera_test_backends")
-    module.TESSERA_PLUGIN_API = 1
+    module.TESSERA_PLUGIN_API = 2
 
     @hookimpl
     def tessera_register_backends(register):

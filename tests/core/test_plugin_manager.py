@@ -18,7 +18,7 @@ DUMMY_MODULE = textwrap.dedent(
     from tessera.hookspecs import hookimpl
     from tessera.contract.quant import QuantType
 
-    TESSERA_PLUGIN_API = 1
+    TESSERA_PLUGIN_API = 2
 
     def _quantize(x):
         return np.round(x).astype(np.int8).view(np.uint8)
@@ -115,7 +115,7 @@ def test_broken_plugins_are_reported_and_skipped(site):
             "tessera_test_badreg": textwrap.dedent(
                 """
                 from tessera.hookspecs import hookimpl
-                TESSERA_PLUGIN_API = 1
+                TESSERA_PLUGIN_API = 2
                 @hookimpl
                 def tessera_register_architectures(register):
                     raise RuntimeError("boom")
@@ -148,7 +148,7 @@ def test_second_registration_of_a_name_is_a_conflict(site):
                 """
                 from tessera.hookspecs import hookimpl
                 from tessera.models.llama.arch import LlamaArchitecture
-                TESSERA_PLUGIN_API = 1
+                TESSERA_PLUGIN_API = 2
                 class Other(LlamaArchitecture):
                     pass
                 @hookimpl

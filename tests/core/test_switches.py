@@ -225,7 +225,7 @@ def test_core_switches_come_first_and_are_owned_by_core():
 
 def test_a_plugin_that_declares_a_taken_name_is_a_conflict():
     class Clash:
-        TESSERA_PLUGIN_API = 1
+        TESSERA_PLUGIN_API = 2
 
         @staticmethod
         def tessera_register_switches(register):

@@ -41,6 +41,7 @@ import attrs
 import numpy as np
 
 from tessera.contract.backend import Backend
+from tessera.contract.ops import Op
 from tessera.files.gguf import RawTensor
 
 #: Error budget per compute dtype and op ("default" for ops not named).
@@ -156,7 +157,7 @@ def _load(backend: Backend, args: dict[str, Any], as_seen_by: Backend | None) ->
 
 def run_case(backend: Backend, case: Case, reference: Backend) -> CaseResult:
     """Run ``case`` on ``backend`` and ``reference`` and compare them (no pytest needed)."""
-    offered = case.supported or (lambda b: b.supports(case.op, **case.probe))
+    offered = case.supported or (lambda b: b.supports(Op(case.op, case.probe, b.dtype)))
     if not offered(backend):
         return CaseResult(case.id, "not supported", message=f"{backend.name} declined {case.id}")
     args = case.inputs()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tessera.contract.experts import StackedExperts, moe_ffn_fallback
+from tessera.contract.ops import op
 from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
@@ -55,7 +56,7 @@ def test_only_selected_experts_are_fetched_once_and_summed(name, dtype, path):
     x, ids, weights, loaded, (x_np, stacks) = inputs(backend)
     experts = Recording(*loaded)
     if path == "op":
-        assert backend.supports("moe_ffn", n_expert=8, n_expert_used=2)
+        assert backend.supports(op("moe_ffn", n_expert=8, n_expert_used=2))
         out = backend.moe_ffn(x, ids, weights, experts)
     else:
         out = moe_ffn_fallback(backend, x, ids, weights, experts)

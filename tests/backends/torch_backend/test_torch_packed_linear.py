@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tessera.contract.ops import op
 from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
@@ -48,7 +49,7 @@ def test_bf16_linear_paths_match_numpy(packed, epilogue, monkeypatch):
 
 def test_packed_plain_linear_is_bit_identical_to_f_linear(monkeypatch):
     b = _torch("bf16", monkeypatch, True)
-    if not b.supports("linear") or not torch.backends.mkldnn.is_available():
+    if not b.supports(op("linear")) or not torch.backends.mkldnn.is_available():
         # Real skip: a torch build without oneDNN cannot pack weights (the test above checks
         # that such a build falls back to F.linear); the project's x86 CPU torch has oneDNN.
         pytest.skip("no oneDNN in this torch")

@@ -17,13 +17,13 @@ from tessera.testing import make_gguf
 BROKEN = {
     "broken-import": ("tessera_test_report_missing", None),
     "no-api": ("tessera_test_report_noapi", "from tessera.hookspecs import hookimpl\n"),
-    "future-api": ("tessera_test_report_future", "TESSERA_PLUGIN_API = 2\n"),
+    "future-api": ("tessera_test_report_future", "TESSERA_PLUGIN_API = 3\n"),
     "typo-hook": (
         "tessera_test_report_typo",
         textwrap.dedent(
             """
             from tessera.hookspecs import hookimpl
-            TESSERA_PLUGIN_API = 1
+            TESSERA_PLUGIN_API = 2
             @hookimpl
             def tessera_register_backend(register):
                 pass
@@ -35,7 +35,7 @@ BROKEN = {
         textwrap.dedent(
             """
             from tessera.hookspecs import hookimpl
-            TESSERA_PLUGIN_API = 1
+            TESSERA_PLUGIN_API = 2
             @hookimpl
             def tessera_register_quant_types(register):
                 raise ValueError("block table is corrupt")
@@ -125,7 +125,7 @@ def test_broken_plugins_are_reported_by_name_and_the_runtime_still_runs(
     assert set(errors) == set(BROKEN)
     assert errors["broken-import"].startswith("ModuleNotFoundError: No module named")
     assert "does not declare TESSERA_PLUGIN_API" in errors["no-api"]
-    assert "declares TESSERA_PLUGIN_API=2 but this tessera speaks 1" in errors["future-api"]
+    assert "declares TESSERA_PLUGIN_API=3 but this tessera speaks 2" in errors["future-api"]
     assert "unknown hook 'tessera_register_backend'" in errors["typo-hook"]
     assert (
         "tessera_register_quant_types raised ValueError: block table is corrupt"
@@ -151,7 +151,7 @@ def test_broken_plugins_are_reported_by_name_and_the_runtime_still_runs(
 def test_text_listing_marks_failed_plugins(broken_site, capsys):
     assert main(["--disable-plugins", "broken-import,no-api,typo-hook", "plugins"]) == 0
     out = capsys.readouterr().out
-    assert "  future-api: FAILED — declares TESSERA_PLUGIN_API=2" in out
+    assert "  future-api: FAILED — declares TESSERA_PLUGIN_API=3" in out
     assert "broken-import" not in out
 
 

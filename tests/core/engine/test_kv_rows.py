@@ -10,6 +10,7 @@ import pytest
 
 from tessera.backends.numpy import NumpyBackend
 from tessera.contract.arch import KVLayerLayout
+from tessera.contract.ops import op
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams, choose_kv_path
 from tessera.engine.kv_cache import KVCache
@@ -204,7 +205,7 @@ def test_path_selection_on_a_backend_that_supports_rows(
 @pytest.mark.parametrize("fa", ["on", "auto"])
 def test_a_backend_whose_probe_declines_gets_the_dense_path(numpy_model, monkeypatch, fa):
     monkeypatch.delenv("TESSERA_KV_ROWS_DISABLE", raising=False)
-    assert not numpy_model.backend.supports("attention_rows", n_head=4, n_head_kv=2)
+    assert not numpy_model.backend.supports(op("attention_rows", n_head=4, n_head_kv=2))
     ctx = Context(numpy_model, ContextParams(n_ctx=32, flash_attn=fa))
     assert ctx.kv_path == "dense"
     assert ctx.kv_path_reason == "backend numpy does not support attention_rows"
@@ -214,16 +215,16 @@ def test_the_probe_gets_the_models_attention_parameters(torch_model):
     seen = []
 
     class Spy:
-        name = "spy"
+        name, dtype = "spy", "bf16"
 
-        def supports(self, op, **attrs):
-            seen.append((op, attrs))
+        def supports(self, op):
+            seen.append((op.name, dict(op.params), op.dtype))
             return False
 
     attention = dict(torch_model.arch.required_ops(torch_model.config))["attention"]
     path, _ = choose_kv_path(None, ContextParams(), Spy(), attention)
     assert path == "dense"
-    assert seen == [("attention_rows", {"n_head": 4, "n_head_kv": 2, "head_dim": 16})]
+    assert seen == [("attention_rows", {"n_head": 4, "n_head_kv": 2, "head_dim": 16}, "bf16")]
 
 
 def test_flash_attn_value_is_checked():

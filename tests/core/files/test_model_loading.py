@@ -21,14 +21,14 @@ class NoNormalRopeBackend(NumpyBackend):
 
     name = "fast"
 
-    def supports(self, op, **attrs):
-        if op == "rope" and attrs.get("neox") is False:
+    def supports(self, op):
+        if op.name == "rope" and op.get("neox") is False:
             return False
-        return super().supports(op, **attrs)
+        return super().supports(op)
 
 
 def _runtime_with_picky_backend() -> Runtime:
-    plugin = types.SimpleNamespace(TESSERA_PLUGIN_API=1, __name__="picky")
+    plugin = types.SimpleNamespace(TESSERA_PLUGIN_API=2, __name__="picky")
 
     @hookimpl
     def tessera_register_backends(register):

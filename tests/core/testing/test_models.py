@@ -97,7 +97,7 @@ class _NoExamples(Architecture):
 
 
 class _Plugin:
-    TESSERA_PLUGIN_API = 1
+    TESSERA_PLUGIN_API = 2
 
     @hookimpl
     def tessera_register_architectures(self, register):

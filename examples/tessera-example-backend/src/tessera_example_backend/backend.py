@@ -23,12 +23,13 @@ import numpy as np
 
 from tessera import switches
 from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
+from tessera.contract.ops import Op
 from tessera.contract.quant import WeightKernel, kernel_matches_reference
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
 from tessera_example_backend.quant import BLOCK_SIZE, EX_I8, split_blocks
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 
 class ExampleBackend(Backend):
@@ -41,12 +42,12 @@ class ExampleBackend(Backend):
         self._kernels: dict[str, WeightKernel] = {}
         self.probe_cache: dict[str, bool] = {}
 
-    def supports(self, op: str, **attrs: Any) -> bool:
-        if op == "rope" and attrs.get("neox") is False:
+    def supports(self, op: Op) -> bool:
+        if op.name == "rope" and op.get("neox") is False:
             return False
-        if op == "attention" and attrs.get("n_head", 1) != attrs.get("n_head_kv", 1):
+        if op.name == "attention" and op.get("n_head", 1) != op.get("n_head_kv", 1):
             return False
-        return op in CORE_OPS
+        return op.name in CORE_OPS
 
     def use_kernels(self, kernels: Mapping[tuple[str, str], WeightKernel]) -> None:
         self._kernels = {q: k for (b, q), k in kernels.items() if b == self.name}

@@ -17,7 +17,7 @@ import numpy as np
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
 
-TESSERA_PLUGIN_API = 1
+TESSERA_PLUGIN_API = 2
 
 GGML_TYPE = 8100
 BLOCK_SIZE = 32
