@@ -258,8 +258,11 @@ def moe_ffn_enabled(backend: Any, **params: Any) -> Choice:
     """Whether to call the backend's ``moe_ffn`` op, and why (switch, probe)."""
 
     def probe() -> tuple[bool, str]:
-        if not backend.supports(Op("moe_ffn", params, backend.dtype)):
+        described = Op("moe_ffn", params, backend.dtype)
+        if not backend.supports(described):
             return False, f"backend {backend.name} declines moe_ffn"
+        if not backend.worth(described):
+            return False, f"backend {backend.name} prefers the core ops for moe_ffn"
         return True, "backend supports moe_ffn"
 
     return choose(MOE_FFN_DISABLE, probe)
