@@ -15,6 +15,7 @@ from tessera.contract.arch import ForwardInput
 from tessera.contract.ops import Op
 from tessera.engine.batch import Batch
 from tessera.engine.kv_cache import KVCache
+from tessera.engine.memory import available_bytes, check_kv_cache_fits
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.switches import KV_ROWS_DISABLE, PRUNE_DISABLE, Choice, choose
 
@@ -109,6 +110,8 @@ class Context:
         p = self.params
         self.n_ubatch = min(p.n_ubatch, p.n_batch)
         layout = model.arch.kv_layout(model.config)
+        if model.backend.device == "cpu":  # GPU memory is not what /proc/meminfo counts
+            check_kv_cache_fits(layout, p.n_ctx, model.backend.dtype, available_bytes())
         self.kv = KVCache(model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified)
         #: "rows" or "dense" (see :func:`choose_kv_path`) and the reason, for reports.
         self.kv_path, self.kv_path_reason = choose_kv_path(model, p)

@@ -1,0 +1,54 @@
+"""A KV cache the machine cannot hold is refused with the numbers before it is allocated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera.cli.main import main
+from tessera.engine import context as context_module
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.memory import OutOfMemoryError, available_bytes, kv_cache_bytes
+from tessera.files.load import default_model_path, load_model
+from tessera.plugin_manager import Runtime
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(default_model_path(), Runtime(), "numpy")
+
+
+def test_the_estimate_is_what_the_cache_allocates(model):
+    ctx = Context(model, ContextParams(n_ctx=96))
+    allocated = sum(t.nbytes for t in [*ctx.kv.k, *ctx.kv.v] if t is not None)
+    layout = model.arch.kv_layout(model.config)
+    assert kv_cache_bytes(layout, 96, model.backend.dtype) == allocated
+
+
+def test_a_cache_over_the_free_memory_is_refused_before_it_is_made(model, monkeypatch):
+    layout = model.arch.kv_layout(model.config)
+    need = kv_cache_bytes(layout, 4096, model.backend.dtype)
+    monkeypatch.setattr(context_module, "available_bytes", lambda: need // 4)
+    made = []
+    monkeypatch.setattr(context_module, "KVCache", lambda *a, **k: made.append(a))
+    with pytest.raises(OutOfMemoryError) as refused:
+        Context(model, ContextParams(n_ctx=4096))
+    message = str(refused.value)
+    assert "a context of 4096 tokens needs" in message and "available" in message
+    assert "-c 512" in message  # about half of what is free
+    assert made == []
+    Context(model, ContextParams(n_ctx=512))  # what it suggests fits
+
+
+def test_run_with_a_context_too_large_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr(context_module, "available_bytes", lambda: 1 << 20)
+    code = main(["run", "-p", "hi", "-n", "2", "-c", "8192", "--backend", "numpy"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and err[-1].startswith("error: a context of 8192 tokens needs")
+
+
+def test_free_memory_is_read_on_linux():
+    value = available_bytes()
+    assert value is None or (isinstance(value, int) and value > 0)
+    if value is not None:
+        assert value < (1 << 50) and np.isfinite(value)
