@@ -143,14 +143,18 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
     if len(data) < _PREFIX.size + _DIGEST or bytes(data[:8]) != MAGIC:
         raise StateFileError(f"'{path}' is not a tessera context state file")
     _, version, n_head = _PREFIX.unpack_from(data)
+    body = memoryview(data)[: len(data) - _DIGEST]
+    intact = hashlib.sha256(body).digest() == bytes(data[-_DIGEST:])
+    # The checksum first: a flipped bit in the version field is damage, not a newer format
+    # (a newer file this tessera cannot check is named as both).
+    if not intact and version <= FORMAT_VERSION:
+        raise StateFileError(f"'{path}' is corrupt or truncated (checksum mismatch); delete it")
     if version > FORMAT_VERSION:
+        what = "" if intact else "is corrupt (checksum mismatch) or "
         raise StateFileError(
-            f"'{path}' has state format version {version}, newer than this tessera's "
+            f"'{path}' {what}has state format version {version}, newer than this tessera's "
             f"{FORMAT_VERSION}; upgrade tessera or delete the file"
         )
-    body = memoryview(data)[: len(data) - _DIGEST]
-    if hashlib.sha256(body).digest() != bytes(data[-_DIGEST:]):
-        raise StateFileError(f"'{path}' is corrupt or truncated (checksum mismatch); delete it")
     try:
         header = json.loads(bytes(body[_PREFIX.size : _PREFIX.size + n_head]))
         n_cells, n_tokens = int(header["n_cells"]), int(header["n_tokens"])

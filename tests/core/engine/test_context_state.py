@@ -105,6 +105,11 @@ def _flip(data):
     return data
 
 
+def _flip_version(data):
+    data[len(MAGIC) + 2] ^= 0x01  # version 1 reads as 65537
+    return data
+
+
 def _newer(data):
     struct.pack_into("<I", data, len(MAGIC), FORMAT_VERSION + 1)
     data[-32:] = hashlib.sha256(bytes(data[:-32])).digest()
@@ -118,8 +123,9 @@ def _newer(data):
         (lambda d: d[: len(d) - 100], "corrupt or truncated"),
         (lambda d: d[:20], "not a tessera context state file"),
         (_newer, f"format version {FORMAT_VERSION + 1}, newer"),
+        (_flip_version, "is corrupt \\(checksum mismatch\\) or has state format version 65537"),
     ],
-    ids=["flipped-byte", "truncated", "cut-header", "newer-version"],
+    ids=["flipped-byte", "truncated", "cut-header", "newer-version", "flipped-version-bit"],
 )
 def test_bad_files_are_refused_and_the_context_is_unchanged(model, tmp_path, edit, message):
     _saved_after(model, tmp_path / "s.bin", 2)
