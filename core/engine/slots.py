@@ -27,6 +27,7 @@ from tessera.engine.admission import Admission
 from tessera.engine.context import Context
 from tessera.engine.prompt_cache import PromptStore
 from tessera.engine.scheduler import Event, Finish, Scheduler
+from tessera.engine.slot_failures import SlotFailures
 from tessera.engine.slot_files import SlotFiles
 from tessera.engine.slot_types import (
     EngineBusyError,
@@ -44,7 +45,7 @@ from tessera.errors import TesseraError
 log = logging.getLogger("tessera.slots")
 
 
-class SlotEngine(SlotFiles, Admission):
+class SlotEngine(SlotFiles, Admission, SlotFailures):
     """Runs requests in the slots of ``ctx`` on one background thread."""
 
     def __init__(
@@ -135,17 +136,6 @@ class SlotEngine(SlotFiles, Admission):
 
     # -- the loop (engine thread) -----------------------------------------------------
 
-    def health(self) -> tuple[bool, str]:
-        """``(ok, reason)``: not ok when the engine thread has died, or has held work
-        without a step for longer than ``stall_after_s`` (a watchdog reads this)."""
-        if self.failure is not None:
-            return False, f"the engine thread stopped: {self.failure}"
-        busy = sum(1 for s in self.slots if s.task is not None)
-        stalled = time.monotonic() - self._last_progress
-        if busy and stalled > self.stall_after_s:
-            return False, f"no decode step for {stalled:.0f} s with {busy} request(s) running"
-        return True, "ok"
-
     def _loop(self) -> None:
         try:
             self._serve()
@@ -188,13 +178,6 @@ class SlotEngine(SlotFiles, Admission):
                             self._drop(slot, f"generation failed: {type(exc).__name__}: {exc}")
             self._last_progress = time.monotonic()
 
-    def _drop(self, slot: Slot, error: str) -> None:
-        """End the slot's request with ``error`` and free its cells: after a failure its
-        cache may not match its tokens."""
-        self.ctx.kv.seq_rm(slot.id, 0)
-        slot.cache_tokens = []
-        self.finish(slot, "error", error)
-
     def _step(self) -> None:
         """One decode step over every busy slot."""
         plan = self.scheduler.schedule(self.slots)
@@ -219,16 +202,21 @@ class SlotEngine(SlotFiles, Admission):
             else:
                 self.emit_token(slot, event)
 
-    def _shutdown(self, reason: str = "cancelled", error: str | None = None) -> None:
-        """End every queued and running request with ``reason`` and fail pending calls."""
+    def _end_all(self, reason: str, error: str | None) -> None:
+        """End every queued and running request with ``reason`` (engine thread)."""
         with self._cv:
             queued, self._queue = list(self._queue), deque()
-            controls, self._controls = list(self._controls), deque()
         for task in queued:
             self._emit(task, finish_event(None, task, reason, error))
         for slot in self.slots:
             if slot.task is not None:
                 self.finish(slot, reason, error)
+
+    def _shutdown(self, reason: str = "cancelled", error: str | None = None) -> None:
+        """End every queued and running request with ``reason`` and fail pending calls."""
+        self._end_all(reason, error)
+        with self._cv:
+            controls, self._controls = list(self._controls), deque()
         for _, future in controls:
             future.set_exception(TesseraError(error or "the server is shutting down"))
         if self.prompt_store is not None:

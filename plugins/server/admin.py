@@ -24,7 +24,10 @@ def _state(request: Request) -> ServerState:
 async def health(request: Request) -> Any:
     """200 ``{"status": "ok"}``, or 503 with the reason when an engine is dead or stalled
     (what the watchdog stops the server for)."""
-    for served in _state(request).pool.served():
+    state = _state(request)
+    if state.draining:
+        raise ApiError(503, "the server is shutting down")
+    for served in state.pool.served():
         ok, reason = served.engine.health()
         if not ok:
             raise ApiError(503, f"model '{served.name}': {reason}")

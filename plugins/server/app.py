@@ -45,6 +45,9 @@ def check_api_key(request: Request, api_key: str | None) -> None:
 def _guarded(route: ServerRoute) -> Any:
     async def endpoint(request: Request) -> Any:
         state: ServerState = request.app.state.tessera
+        if state.draining and not route.public:
+            error = ApiError(503, "the server is shutting down; retry on another instance")
+            return JSONResponse(error.body(), status_code=503, headers={"Retry-After": "1"})
         if not route.public:
             check_api_key(request, state.settings.api_key)
         return await route.endpoint(request)

@@ -136,10 +136,23 @@ def timings(runs: Sequence[ChoiceRun]) -> dict[str, Any]:
     }
 
 
+def run_error(run: ChoiceRun) -> ApiError | None:
+    """What went wrong with a finished run, as the client should hear it: a failure (500),
+    or a cut by the server (503: a shutdown's grace period ran out); None if nothing."""
+    finish = run.finish
+    if finish is None:
+        return None
+    if finish.reason == "error":
+        return ApiError(500, finish.error or "generation failed")
+    if finish.reason == "cancelled" and finish.error:
+        return ApiError(503, finish.error, code="server_shutting_down")
+    return None
+
+
 def check_errors(runs: Sequence[ChoiceRun]) -> None:
     for r in runs:
-        if r.finish is not None and r.finish.reason == "error":
-            raise ApiError(500, r.finish.error or "generation failed")
+        if (error := run_error(r)) is not None:
+            raise error
 
 
 async def cancel_on_disconnect(request: Request, runs: Sequence[ChoiceRun]) -> None:

@@ -19,7 +19,7 @@ from tessera.engine.slot_types import GenerationRequest, TokenEvent
 from tessera.plugins.server.state import ServedModel
 
 from .fields import Fields
-from .generation import ChoiceRun, Piece
+from .generation import ChoiceRun, Piece, run_error
 
 _DEFAULTS = SamplerParams()
 
@@ -211,8 +211,8 @@ async def interleave(
             if piece is None:
                 remaining -= 1
                 run = runs[i]
-                if run.finish is not None and run.finish.reason == "error":
-                    yield sse(ApiError(500, run.finish.error or "generation failed").body())
+                if (error := run_error(run)) is not None:
+                    yield sse(error.body())
                     continue
                 for chunk in on_end(i):
                     yield sse(chunk)

@@ -217,10 +217,22 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def server(app: Any, shutdown_timeout: float = 10.0) -> Any:
+def server(app: Any, shutdown_timeout: float = 10.0, state: ServerState | None = None) -> Any:
+    """uvicorn's server, with tessera's shutdown: on the first SIGTERM/SIGINT new requests
+    get 503 (``state.draining``), running ones have ``shutdown_timeout`` seconds, then are
+    cut with an error event and ``[DONE]``; uvicorn's own grace period is a little longer,
+    so it never has to cancel a handler (which would print tracebacks)."""
     import uvicorn
 
     class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if state is not None and not state.draining:
+                state.draining = True
+                timer = threading.Timer(shutdown_timeout, _cut_running, args=(state,))
+                timer.daemon = True
+                timer.start()
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self):
             # uvicorn raises SIGTERM again after its graceful shutdown, so the process would
@@ -239,7 +251,7 @@ def server(app: Any, shutdown_timeout: float = 10.0) -> Any:
     config = uvicorn.Config(
         app,
         log_level="warning",
-        timeout_graceful_shutdown=shutdown_timeout,
+        timeout_graceful_shutdown=shutdown_timeout + 0.75,
         lifespan="on",
     )
     return Server(config)
@@ -252,7 +264,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     host, port = sock.getsockname()[:2]
     names = ", ".join(m.name for m in state.pool.served()) or args.models_dir or "models"
     print(f"tessera serve: http://{host}:{port} ({names})", file=sys.stderr, flush=True)
-    srv = server(app, args.shutdown_timeout)
+    srv = server(app, args.shutdown_timeout, state)
     watchdog = Watchdog(state, srv)
     threading.Thread(target=watchdog.watch, name="tessera-watchdog", daemon=True).start()
     srv.run(sockets=[sock])
@@ -260,6 +272,15 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
         print(f"error: {watchdog.reason}; the server stopped", file=sys.stderr)
         return EXIT_UNHEALTHY
     return 0
+
+
+def _cut_running(state: ServerState) -> None:
+    """The grace period is over: end every running request, saying so to its client."""
+    for served in state.pool.served():
+        served.engine.cancel_all(
+            "the server is shutting down and the request ran past --shutdown-timeout; "
+            "retry on another instance"
+        )
 
 
 #: Exit code when the watchdog stopped the server (EX_SOFTWARE): a supervisor restarts it.

@@ -132,6 +132,8 @@ class ServerState:
     settings: ServerSettings
     pool: ModelPool
     started: float = attrs.field(factory=time.time)
+    #: Set when a shutdown began (SIGTERM): new requests get 503 with Retry-After.
+    draining: bool = False
     #: Plugins may keep their own state here, under their plugin name.
     extras: dict[str, Any] = attrs.field(factory=dict)
     #: Extra /metrics counters: each callable returns ``{name: (value, help, type)}`` with

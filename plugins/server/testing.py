@@ -46,7 +46,7 @@ def live_server(argv: Sequence[str] = (), runtime: Runtime | None = None) -> Ite
 
     sock = serve.bind(args.host, args.port)
     state = serve.build_state(args, runtime)
-    server = serve.server(serve.build_app(state, runtime), args.shutdown_timeout)
+    server = serve.server(serve.build_app(state, runtime), args.shutdown_timeout, state)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
