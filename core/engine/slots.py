@@ -156,6 +156,8 @@ class SlotEngine(SlotFiles, Admission, SlotFailures):
                     or (self._queue and any(s.task is None for s in self.slots))
                 ):
                     self._cv.wait()
+                # progress is counted from here: time spent idle is not a stall
+                self._last_progress = time.monotonic()
                 if self._stopping:
                     break
                 controls = list(self._controls)

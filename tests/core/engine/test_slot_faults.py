@@ -178,3 +178,30 @@ def test_a_stalled_engine_says_so(model, monkeypatch):
         done.wait()
     finally:
         engine.stop()
+
+
+def test_an_engine_idle_for_long_is_not_stalled_when_work_arrives(model, monkeypatch):
+    ctx = Context(model, ContextParams(n_ctx=256, n_seq_max=1, n_batch=64))
+    engine = SlotEngine(ctx, eog_ids=model.tokenizer.eog_ids, stall_after_s=0.5)
+    decode = ctx.decode
+
+    def slowish(batch):  # each step well inside the bound
+        time.sleep(0.1)
+        return decode(batch)
+
+    monkeypatch.setattr(ctx, "decode", slowish)
+    engine.start()
+    try:
+        time.sleep(1.0)  # idle longer than the stall bound
+        done = Collector()
+        engine.submit(GenerationRequest(_prompt(model), 3, GREEDY), done)
+        worst = (True, "ok")
+        deadline = time.monotonic() + 30
+        while done.events.empty() and time.monotonic() < deadline:
+            ok, reason = engine.health()
+            worst = worst if ok else (ok, reason)
+            time.sleep(0.005)
+        done.wait()
+        assert worst == (True, "ok")
+    finally:
+        engine.stop()
