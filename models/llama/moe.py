@@ -38,7 +38,8 @@ from tessera.contract.experts import (
 from tessera.contract.names import ConfigField, fields_from_gguf, fields_from_hf, fields_to_gguf
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
-from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig, LlamaGraph
+from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig
+from tessera.models.llama.graph import LlamaGraph
 from tessera.models.llama.moe_hf import (
     HF_NAMES,
     HF_SHARED_NAMES,

@@ -16,7 +16,7 @@ With ``N`` ranks, rank ``r`` holds:
 
 Per layer there is one all-reduce after attention and one after the FFN, each of
 ``T * n_embd`` values; a bias of ``attn_output`` is kept on rank 0 only, so the sum adds
-it once. The forward pass is :class:`tessera.models.llama.arch.LlamaGraph`'s own, run on the
+it once. The forward pass is :class:`tessera.models.llama.graph.LlamaGraph`'s own, run on the
 rank's local config; only the partial sums and the head differ.
 """
 
@@ -29,7 +29,8 @@ import attrs
 
 from tessera.contract.tp import Split
 from tessera.errors import TesseraError
-from tessera.models.llama.arch import LlamaConfig, LlamaGraph
+from tessera.models.llama.config import LlamaConfig
+from tessera.models.llama.graph import LlamaGraph
 
 #: Weights split by output rows (column-parallel), by head or FFN row.
 _HEAD_ROWS = {"attn_q": "q", "attn_k": "kv", "attn_v": "kv"}
