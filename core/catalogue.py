@@ -131,9 +131,9 @@ class Catalogues:
     _catalogues: dict[str, dict[Any, Any]]
     #: By kind, the plugin name (or "core") that registered each key.
     _owners: dict[str, dict[Any, str]]
-
-    def _fail(self, name: str, error: str) -> None:
-        raise NotImplementedError  # the plugin manager records or raises
+    #: Report plugin ``name`` as broken with ``error`` (the manager records it, or raises
+    #: in strict mode).
+    _fail: Callable[[str, str], None]
 
     def catalogue(self, kind: str) -> dict[Any, Any]:
         """Every item of ``kind`` by key. Each plugin's ``register`` hook is called on its
