@@ -31,7 +31,7 @@ class OptionalOps:
         with the equivalent dense mask, but the work is proportional to each slice's rows,
         not to the whole cache. Returns ``(T, Hq * Dv)`` in ubatch row order; a query with
         no allowed row yields zeros. Backends that implement it answer True to
-        ``supports("attention_rows", ...)``; the default declines.
+        ``supports(op)`` for ``op.name == "attention_rows"``; the default declines.
         """
         # An optional op: the default probe declines it, so the core never calls this unless
         # a subclass both implements it and says so in supports().
@@ -53,7 +53,7 @@ class OptionalOps:
         ``freq_factors`` is float32 ``(n_rot / 2,)``. A huge factor leaves a pair unrotated,
         which is how GGUF files store Gemma 4's proportional (partial) RoPE in
         ``rope_freqs.weight``. Backends that implement it answer True to
-        ``supports("rope_ext", ...)``; the default declines.
+        ``supports(op)`` for ``op.name == "rope_ext"``; the default declines.
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement rope_ext")
@@ -61,7 +61,8 @@ class OptionalOps:
     def tanh(self, x: Any) -> Any:
         """Optional: elementwise ``tanh(x)`` (logit soft-capping: ``c * tanh(x / c)``).
 
-        Backends that implement it answer True to ``supports("tanh")``; the default declines.
+        Backends that implement it answer True to ``supports(op)`` for ``op.name == "tanh"``; the
+        default declines.
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement tanh")
@@ -69,8 +70,8 @@ class OptionalOps:
     def gelu_erf(self, x: Any) -> Any:
         """Optional: exact GELU, ``x * (1 + erf(x / sqrt(2))) / 2`` (BERT's ``gelu``).
 
-        Backends that implement it answer True to ``supports("gelu_erf")``; the default
-        declines, and architectures fall back to :meth:`gelu` (llama.cpp's tanh form).
+        Backends that implement it answer True to ``supports(op)`` for ``op.name == "gelu_erf"``;
+        the default declines, and architectures fall back to :meth:`gelu` (llama.cpp's tanh form).
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement gelu_erf")
@@ -83,8 +84,8 @@ class OptionalOps:
         that, then ``residual`` (same shape as the output) is added: BERT's FFN up
         projection and its residual connections, fused where the backend can (the result
         may then be rounded once instead of twice). Backends that implement it answer True
-        to ``supports("linear")`` and, for an activation, ``supports("linear",
-        activation=name)``; the default declines and architectures call separate ops.
+        to ``supports(op)`` for ``op.name == "linear"`` (with ``op.get("activation")`` the
+        activation asked for); the default declines and architectures call separate ops.
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement linear")
@@ -97,8 +98,8 @@ class OptionalOps:
 
         ``biases`` (or any entry of it) may be None for no bias. Backends that run the list
         in one call (the input prepared once, one parallel region) answer True to
-        ``supports("matmul_n")``; this default is the per-weight path (:meth:`matmul`,
-        then :meth:`add` for a bias), so architectures may always call it.
+        ``supports(op)`` for ``op.name == "matmul_n"``; this default is the per-weight path
+        (:meth:`matmul`, then :meth:`add` for a bias), so architectures may always call it.
         """
         biases = biases if biases is not None else [None] * len(weights)
         out = []
@@ -113,7 +114,8 @@ class OptionalOps:
 
         A backend may run it as one fused kernel (each output rounded once, from float32
         gate and up values, instead of after each step) and answer True to
-        ``supports("gate_up_swiglu")``; this default composes :meth:`matmul_n` and
+        ``supports(op)`` for ``op.name == "gate_up_swiglu"``; this default composes :meth:`matmul_n`
+        and
         :meth:`swiglu`, so architectures may always call it.
         """
         gate, up = self.matmul_n(x, [w_gate, w_up])
@@ -131,8 +133,8 @@ class OptionalOps:
         ``(gate, up, down)`` weights (it may fetch them from a slow tier or a cache).
         Returns ``sum_j w[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))`` with
         ``e = expert_ids[t, j]``, shape ``(T, n_embd)``. Backends that implement it answer
-        True to ``supports("moe_ffn", ...)``; the default declines and the architecture
-        uses :func:`tessera.contract.experts.moe_ffn_fallback` (core ops only).
+        True to ``supports(op)`` for ``op.name == "moe_ffn"``; the default declines and the
+        architecture uses :func:`tessera.contract.experts.moe_ffn_fallback` (core ops only).
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement moe_ffn")
@@ -149,8 +151,8 @@ class OptionalOps:
 
         ``srcs`` are numpy arrays (floats as float32); a ``rows`` of None (or ``rows_list``
         None) means all rows of the destination. A backend that moves the whole list in one
-        transfer answers True to ``supports("set_n")``; this default is the per-tensor path
-        (one :meth:`from_numpy` and one :meth:`set_rows` per tensor).
+        transfer answers True to ``supports(op)`` for ``op.name == "set_n"``; this default is the
+        per-tensor path (one :meth:`from_numpy` and one :meth:`set_rows` per tensor).
         """
         rows_list = rows_list if rows_list is not None else [None] * len(dsts)
         for dst, rows, src in zip(dsts, rows_list, srcs, strict=True):
@@ -163,8 +165,8 @@ class OptionalOps:
         """The values of ``tensors[i][rows_list[i]]`` as numpy arrays (floats as float32).
 
         A ``rows`` of None (or ``rows_list`` None) means the whole tensor. Backends that
-        read the list back in one transfer answer True to ``supports("get_n")``; this
-        default is the per-tensor path (one :meth:`to_numpy` per tensor).
+        read the list back in one transfer answer True to ``supports(op)`` for ``op.name ==
+        "get_n"``; this default is the per-tensor path (one :meth:`to_numpy` per tensor).
         """
         rows_list = rows_list if rows_list is not None else [None] * len(tensors)
         out = []
@@ -176,8 +178,8 @@ class OptionalOps:
     def copy_n(self, dsts: Sequence[Any], srcs: Sequence[Any]) -> None:
         """In place, for every ``i``: ``dsts[i][...] = srcs[i]`` (backend arrays, same shapes).
 
-        Backends that copy the list in one call answer True to ``supports("copy_n")``;
-        this default is the per-tensor path (one :meth:`set_rows` over all rows each).
+        Backends that copy the list in one call answer True to ``supports(op)`` for ``op.name ==
+        "copy_n"``; this default is the per-tensor path (one :meth:`set_rows` over all rows each).
         """
         for dst, src in zip(dsts, srcs, strict=True):
             self.set_rows(dst, np.arange(len(dst)), src)
