@@ -78,10 +78,12 @@ class KVCache:
         return self._n_kv
 
     def _cells_changed(self) -> None:
-        """Recount after cells were freed or rewritten (sequence operations, restores)."""
-        used = np.flatnonzero(self.seqs)
-        self._n_kv = int(used[-1]) + 1 if len(used) else 0
-        self._first_free = 0
+        """Recount after cells were freed or rewritten (sequence operations, restores): the
+        lowest free cell exactly, so the next decode token's search does not walk the
+        cells below it in Python (speculative steps free cells every step)."""
+        used = self.seqs != 0
+        self._first_free = int(np.argmin(used)) if not used.all() else self.n_ctx
+        self._n_kv = self.n_ctx - int(np.argmax(used[::-1])) if used.any() else 0
 
     def find_slot(self, n_tokens: int, seq_ids: np.ndarray | None = None) -> np.ndarray:
         """Cells for ``n_tokens`` new tokens: the first free run that fits, else any free cells.

@@ -173,7 +173,7 @@ def load_served(
         max_queue=args.max_queue,
         prompt_store_bytes=max(args.cache_ram, 0) << 20,
         spec=slot_spec(args, runtime, ctx),
-        stall_after_s=getattr(args, "watchdog_s", 600.0),
+        stall_after_s=args.watchdog_s,
     )
     return ServedModel(
         name=name or settings.alias or Path(model.path).name,
