@@ -35,6 +35,11 @@ def add_plugins_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _offers(backend: Any, name: str) -> bool:
+    """The backend's probe for op ``name`` in its own dtype (no parameters known here)."""
+    return backend.supports(Op(name, dtype=backend.dtype))
+
+
 def _backend_lines(runtime: Any) -> list[str]:
     lines = []
     kernels = runtime.weight_kernels()
@@ -44,7 +49,7 @@ def _backend_lines(runtime: Any) -> list[str]:
         except TesseraError as exc:
             lines.append(f"  {name}: not usable here ({exc})")
             continue
-        ops = [op for op in CORE_OPS if backend.supports(Op(op, dtype=backend.dtype))]
+        ops = [op for op in CORE_OPS if _offers(backend, op)]
         missing = [op for op in CORE_OPS if op not in ops]
         lines.append(
             f"  {name}: device={backend.device} dtype={backend.dtype} — {info.description}"
@@ -53,9 +58,7 @@ def _backend_lines(runtime: Any) -> list[str]:
         if missing:
             lines.append(f"    not supported: {', '.join(missing)}")
         for op in OPTIONAL_OPS:
-            state = (
-                "supported" if backend.supports(Op(op, dtype=backend.dtype)) else "not supported"
-            )
+            state = "supported" if _offers(backend, op) else "not supported"
             lines.append(f"    optional {op}: {state}")
         lines.append(
             f"    kv path (default context): {choose_kv_path(None, ContextParams(), backend)}"
@@ -106,9 +109,9 @@ def _backend_entry(
         backend = info.create(None, None)
     except TesseraError as exc:
         return {**entry, "usable": False, "error": str(exc)}
-    ops = [op for op in CORE_OPS if backend.supports(Op(op, dtype=backend.dtype))]
+    ops = [op for op in CORE_OPS if _offers(backend, op)]
     for op in OPTIONAL_OPS:  # as the text listing asks: the same paths get decided
-        backend.supports(Op(op, dtype=backend.dtype))
+        _offers(backend, op)
     for k in entry["kernels"]:
         supported = kernels[(name, k["quant_type"])].supports(backend)
         k["state"] = "active" if supported else "declined by probe"
