@@ -6,6 +6,7 @@ import hashlib
 
 import numpy as np
 import pytest
+from cli_run import error_line, run_cli
 
 from tessera import __version__
 from tessera.cli.main import main
@@ -18,19 +19,6 @@ from tessera.testing import make_gguf
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     return make_gguf(tmp_path_factory.mktemp("models") / "tiny.gguf", "llama")
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert "Traceback" not in err
-    assert lines[-1].startswith("error: ")
-    return lines[-1]
 
 
 def digest(path) -> str:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_run import error_line, run_cli
 
 from tessera.cli.main import build_parser, main
 from tessera.plugin_manager import Runtime
@@ -29,19 +30,6 @@ def no_model_load(monkeypatch):
         raise AssertionError("the model was loaded before the flag was refused")
 
     monkeypatch.setattr("tessera.cli.args.load_model", refuse)
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert "Traceback" not in err
-    assert lines[-1].startswith("error: ")
-    return lines[-1]
 
 
 def parse(*argv: str):

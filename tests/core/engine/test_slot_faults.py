@@ -3,15 +3,15 @@ serving the others; a dead or stalled engine says so through ``health()``."""
 
 from __future__ import annotations
 
-import queue
 import time
 
 import pytest
+from slot_events import Collector
 
 from tessera.contract.spec import SpecDecoder, SpecParams
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.sampling import SamplerParams
-from tessera.engine.slot_types import EngineBusyError, FinishEvent, GenerationRequest, SlotSpec
+from tessera.engine.slot_types import EngineBusyError, GenerationRequest, SlotSpec
 from tessera.engine.slots import SlotEngine
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
@@ -31,22 +31,6 @@ def engine(model):
     engine.start()
     yield engine
     engine.stop()
-
-
-class Collector:
-    def __init__(self):
-        self.events = queue.Queue()
-
-    def __call__(self, event):
-        self.events.put(event)
-
-    def wait(self, timeout=60):
-        tokens = []
-        while True:
-            event = self.events.get(timeout=timeout)
-            if isinstance(event, FinishEvent):
-                return tokens, event
-            tokens.append(event.token)
 
 
 class FailingConstraint:

@@ -3,11 +3,11 @@ prompt-cache reuse, cancellation, the wait queue, KV pressure and slot files."""
 
 from __future__ import annotations
 
-import queue
 import threading
 
 import numpy as np
 import pytest
+from slot_events import Collector
 
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
@@ -48,22 +48,6 @@ def _engine(model, n_slots=4, n_ctx=512, **kw):
     engine = SlotEngine(ctx, eog_ids=model.tokenizer.eog_ids, **kw)
     engine.start()
     return engine
-
-
-class Collector:
-    def __init__(self):
-        self.events = queue.Queue()
-
-    def __call__(self, event):
-        self.events.put(event)
-
-    def wait(self, timeout=120):
-        tokens = []
-        while True:
-            event = self.events.get(timeout=timeout)
-            if isinstance(event, FinishEvent):
-                return tokens, event
-            tokens.append(event.token)
 
 
 def _reference(model, prompt, n):

@@ -365,12 +365,19 @@ def test_governor_stops_a_losing_drafter_without_changing_tokens(model, adaptive
         assert stats.n_verify >= stats.n_target_batches - 1  # the last step has no room
 
 
-def test_adaptive_switch_off_gives_the_same_tokens(model, monkeypatch):
+@pytest.mark.parametrize(("fixed_by", "seed"), [("switch", 4), ("cheap_drafts", 6)])
+def test_a_fixed_draft_length_gives_the_same_tokens(model, monkeypatch, fixed_by, seed):
+    """With TESSERA_SPEC_ADAPTIVE=0, or for a lookup drafter (cheap_drafts: shrinking would
+    only save drafting work, which costs it nothing), every draft asks for --draft-max
+    tokens, and the tokens are the target's own."""
     ctx = Context(model, ContextParams(n_ctx=64))
-    prompt = prompts(model.n_vocab, 1, seed=4)[0]
+    prompt = prompts(model.n_vocab, 1, seed=seed)[0]
     want = plain_tokens(ctx, prompt, 20)
-    monkeypatch.setenv("TESSERA_SPEC_ADAPTIVE", "0")
     drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))
+    if fixed_by == "switch":
+        monkeypatch.setenv("TESSERA_SPEC_ADAPTIVE", "0")
+    else:
+        drafter.cheap_drafts = True
     stats = GenerationStats()
     got = list(
         generate(
@@ -403,27 +410,3 @@ def test_spec_params_validate():
         SpecParams(draft_max=2, draft_min=3)
     with pytest.raises(TesseraError, match="p_min"):
         SpecParams(p_min=1.5)
-
-
-def test_cheap_drafters_keep_the_full_draft_length(model):
-    """A lookup drafter (cheap_drafts) is always asked for --draft-max tokens: shrinking
-    would only save drafting work, which costs it nothing."""
-    ctx = Context(model, ContextParams(n_ctx=64))
-    prompt = prompts(model.n_vocab, 1, seed=6)[0]
-    want = plain_tokens(ctx, prompt, 20)
-    drafter = ScriptedDrafter(want, wrong=1, n_prompt=len(prompt))
-    drafter.cheap_drafts = True
-    stats = GenerationStats()
-    got = list(
-        generate(
-            ctx,
-            prompt,
-            20,
-            Sampler(GREEDY),
-            decoder=drafter,
-            spec=SpecParams(draft_max=4),
-            stats=stats,
-        )
-    )
-    assert got == want
-    assert stats.n_drafted >= 4 * (stats.n_verify - 1)
