@@ -12,7 +12,7 @@ from tessera.contract.routes import ApiError
 from tessera.engine.slot_files import slot_file_path
 from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
 from tessera.errors import TesseraError
-from tessera.plugins.server.state import ServerState
+from tessera.plugins.server.state import ServerState, engine_problem
 
 from .fields import Fields, read_json
 
@@ -27,10 +27,9 @@ async def health(request: Request) -> Any:
     state = _state(request)
     if state.draining:
         raise ApiError(503, "the server is shutting down")
-    for served in state.pool.served():
-        ok, reason = served.engine.health()
-        if not ok:
-            raise ApiError(503, f"model '{served.name}': {reason}")
+    problem = engine_problem(state)
+    if problem is not None:
+        raise ApiError(503, problem)
     return JSONResponse({"status": "ok"})
 
 

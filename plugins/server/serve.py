@@ -16,7 +16,13 @@ from typing import Any
 from tessera.cli.args import add_model_arguments, context_from_args, load_model_from_args
 from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
-from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
+from tessera.plugins.server.state import (
+    ServedModel,
+    ServerSettings,
+    ServerState,
+    SingleModelPool,
+    engine_problem,
+)
 
 log = logging.getLogger("tessera.server")
 
@@ -297,11 +303,7 @@ class Watchdog:
 
     def check(self) -> str | None:
         """The first unhealthy engine's reason, or None."""
-        for served in self.state.pool.served():
-            ok, reason = served.engine.health()
-            if not ok:
-                return f"model '{served.name}': {reason}"
-        return None
+        return engine_problem(self.state)
 
     def watch(self) -> None:
         while not self.srv.should_exit:

@@ -146,3 +146,13 @@ class ServerState:
         """The model a request is for: ``name`` (the body's ``model``), else the
         ``?model=`` query parameter, else the default."""
         return await self.pool.acquire(name or request.query_params.get("model"))
+
+
+def engine_problem(state: ServerState) -> str | None:
+    """Why the server cannot serve: the first loaded model whose engine is dead or stalled
+    (``SlotEngine.health``), as ``model 'NAME': reason``; None when all are healthy."""
+    for served in state.pool.served():
+        ok, reason = served.engine.health()
+        if not ok:
+            return f"model '{served.name}': {reason}"
+    return None
