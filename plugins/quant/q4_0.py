@@ -7,7 +7,7 @@ of the block and high nibbles values 16..31; value = ``(q - 8) * d``. The quanti
 The torch kernel keeps weights 4-bit in torch's int4 groupwise layout (group size 32 = one
 Q4_0 block) and multiplies with ``_weight_int4pack_mm``; torch is imported only when the
 kernel is used. On a CPU whose native kernels pass their probe
-(:mod:`tessera.backends.native.kernels`), bf16 matmuls of ``AMX_MIN_ROWS`` rows or more run
+(:mod:`tessera.backends.native.probe`), bf16 matmuls of ``AMX_MIN_ROWS`` rows or more run
 on the AMX tile units where the CPU has them (each block dequantized into a tile), other
 matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read the file's bytes with VNNI dot products,
 and prefill's dequantization to the compute dtype runs there too (bit for bit the torch
@@ -49,7 +49,7 @@ DENSE_ROWS = Switch(
     off_at=math.inf,
 )
 #: Matmuls of fewer rows use the native VNNI kernel where its probe passes
-#: (:mod:`tessera.backends.native.kernels`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
+#: (:mod:`tessera.backends.native.probe`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
 #: native / int4 CPU time on a 4864x896 weight: 0.6 at 1 row, 0.5 at 32, 0.7 at 64.
 NATIVE_MAX_ROWS = 64
 

@@ -44,7 +44,7 @@ DENSE_ROWS = Switch(
     off_at=0.0,
 )
 #: Matmuls of fewer rows use the native VNNI kernel where its probe passes
-#: (:mod:`tessera.backends.native.kernels`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
+#: (:mod:`tessera.backends.native.probe`; ``TESSERA_NATIVE_DISABLE=1`` turns it off);
 #: native / torch CPU time on a 4864x896 weight: 0.15 at 8 rows, 0.6 at 32, 1.3 at 64.
 NATIVE_MAX_ROWS = 32
 
