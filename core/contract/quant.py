@@ -16,6 +16,11 @@ class QuantType:
     ``quantize(x)`` takes float32 values of shape ``(..., n)`` with ``n`` a multiple of
     ``block_size`` and returns ``uint8`` bytes of shape ``(..., n // block_size * type_size)``.
     ``dequantize(b)`` is its inverse: ``uint8`` ``(..., nbytes)`` to float32 ``(..., n)``.
+
+    ``read_only`` marks a type tessera decodes but cannot encode (llama.cpp makes the IQ1,
+    IQ2 and IQ3 types only with an importance matrix): its ``quantize`` raises
+    :class:`~tessera.errors.TesseraError` saying why and what to use instead, and the
+    conformance kits check its decoding on stored bytes instead of round trips.
     """
 
     name: str
@@ -24,6 +29,7 @@ class QuantType:
     type_size: int
     quantize: Callable[[np.ndarray], np.ndarray] = attrs.field(eq=False, repr=False)
     dequantize: Callable[[np.ndarray], np.ndarray] = attrs.field(eq=False, repr=False)
+    read_only: bool = False
 
     def row_bytes(self, n: int) -> int:
         """Bytes used by a row of ``n`` values."""

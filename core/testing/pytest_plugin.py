@@ -152,6 +152,7 @@ def quant_type_conformance(
     reference_quantize: Callable[[Any], Any] | None = None,
     reference_dequantize: Callable[[Any], Any] | None = None,
     row_scales: tuple[float, ...] | None = None,
+    sample_bytes: Any = None,
     runtime: Any = None,
 ) -> Callable[..., None]:
     """A test of quant type ``name``: layout, shapes, zeros, round trip, GGUF file and,
@@ -159,7 +160,8 @@ def quant_type_conformance(
     type's ``quantize`` / ``dequantize`` (see :mod:`tessera.testing.quant`).
     ``max_error`` bounds the relative RMS round-trip error, measured on rows of normal
     values with the standard deviations ``row_scales`` (default 1e-3 to 1e2; a type
-    without block scales gives the range it represents)."""
+    without block scales gives the range it represents). A ``read_only`` type is checked
+    on stored bytes instead (``sample_bytes``, default random ones)."""
     runtime = runtime or default_runtime()
     by_name = {q.name: q for q in runtime.quant_types().values()}
     if name not in by_name:
@@ -173,6 +175,7 @@ def quant_type_conformance(
             max_error=max_error,
             reference_quantize=reference_quantize,
             reference_dequantize=reference_dequantize,
+            sample_bytes=sample_bytes,
             **({} if row_scales is None else {"row_scales": tuple(row_scales)}),
         )
     )

@@ -15,6 +15,12 @@ raises ``AssertionError`` with a message naming what broke:
 - ``reference-quantize`` / ``reference-dequantize`` (only when a reference is given):
   bit-exact agreement with another implementation, e.g. ``gguf.quants``.
 
+A ``read_only`` type (one tessera decodes but cannot encode) has no round trip: its checks
+run on stored bytes (``sample_bytes``, default random bytes): ``shapes`` and
+``reference-dequantize`` decode them, ``zeros`` decodes all-zero bytes (zero scales),
+``gguf-file`` writes them, and ``refuses-quantize`` checks that ``quantize`` raises
+:class:`~tessera.errors.TesseraError`.
+
 No pytest is needed here; :mod:`tessera.testing.pytest_plugin` turns the checks into tests.
 """
 
@@ -92,7 +98,44 @@ def _shapes(qtype: Any) -> None:
         )
 
 
+def random_bytes(qtype: Any, n_blocks: int = 8, seed: int = 0, n_rows: int = 4) -> np.ndarray:
+    """Random ``uint8`` bytes ``(n_rows, n_blocks * type_size)``: stored blocks of a read-only
+    type (any bit pattern, so float16 scales may be infinite or NaN)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n_rows, n_blocks * qtype.type_size), dtype=np.uint8)
+
+
+def _decode(dequantize: Callable[[np.ndarray], np.ndarray], data: np.ndarray) -> np.ndarray:
+    # Random bytes hold infinite and NaN scales: their products are expected, not warnings.
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.asarray(dequantize(data))
+
+
+def _decoded_shapes(qtype: Any, data: np.ndarray) -> None:
+    for stored in (data, data[0]):
+        back = _decode(qtype.dequantize, stored)
+        want = (*stored.shape[:-1], stored.shape[-1] // qtype.type_size * qtype.block_size)
+        assert back.dtype == np.float32, f"dequantize returned {back.dtype}, expected float32"
+        assert back.shape == want, (
+            f"dequantize of {stored.shape} gave {back.shape}, expected {want}"
+        )
+
+
+def _refuses_quantize(qtype: Any) -> None:
+    from tessera.errors import TesseraError
+
+    try:
+        qtype.quantize(sample_values(qtype, n_blocks=1)[:1])
+    except TesseraError:
+        return
+    raise AssertionError("a read_only type's quantize must raise TesseraError saying why")
+
+
 def _zeros(qtype: Any) -> None:
+    if qtype.read_only:
+        back = qtype.dequantize(np.zeros((2, 2 * qtype.type_size), np.uint8))
+        assert np.all(back == 0), "all-zero bytes (zero scales) did not decode to zeros"
+        return
     back = qtype.dequantize(qtype.quantize(np.zeros((2, 2 * qtype.block_size), np.float32)))
     assert np.all(back == 0), "all-zero blocks did not come back as zeros"
 
@@ -110,7 +153,7 @@ def _round_trip(qtype: Any, max_error: float, row_scales: tuple[float, ...]) -> 
 
 
 def _gguf_file(qtype: Any, runtime: Any) -> None:
-    from tessera.files.gguf import read_gguf
+    from tessera.files.gguf import RawTensor, read_gguf
     from tessera.files.gguf_writer import encode_tensor, write_gguf
     from tessera.files.load import stored_tensor
 
@@ -120,8 +163,14 @@ def _gguf_file(qtype: Any, runtime: Any) -> None:
         "plugin registered the id first (see conflicts in `tessera plugins`)"
     )
     # Three rows of three blocks: a byte count that is rarely a multiple of the alignment.
-    x = sample_values(qtype, n_blocks=3, seed=1)[:3]
-    tensors = [encode_tensor("a", x, qtype), encode_tensor("b", x[:1], qtype)]
+    if qtype.read_only:
+        data = random_bytes(qtype, n_blocks=3, seed=1)[:3]
+        shape = (3, 3 * qtype.block_size)
+        tensors = [RawTensor("a", qtype.ggml_type, shape, data.reshape(-1))]
+        tensors.append(RawTensor("b", qtype.ggml_type, (1, shape[1]), data[:1].reshape(-1)))
+    else:
+        x = sample_values(qtype, n_blocks=3, seed=1)[:3]
+        tensors = [encode_tensor("a", x, qtype), encode_tensor("b", x[:1], qtype)]
     with tempfile.TemporaryDirectory() as tmp:
         path = write_gguf(Path(tmp) / "q.gguf", {"general.architecture": "check"}, tensors)
         read = read_gguf(path)
@@ -152,11 +201,16 @@ def quant_checks(
     reference_quantize: Callable[[np.ndarray], np.ndarray] | None = None,
     reference_dequantize: Callable[[np.ndarray], np.ndarray] | None = None,
     row_scales: tuple[float, ...] = ROW_SCALES,
+    sample_bytes: np.ndarray | None = None,
 ) -> list[Check]:
     """The checks for ``qtype``; references take the same arguments as its own functions.
 
     ``row_scales`` are the magnitudes the round trip is measured at (see :data:`ROW_SCALES`).
+    ``sample_bytes`` (``uint8`` rows of whole blocks) are the stored bytes a ``read_only``
+    type's checks decode, e.g. blocks written by llama.cpp; default :func:`random_bytes`.
     """
+    if qtype.read_only:
+        return _read_only_checks(qtype, runtime, reference_dequantize, sample_bytes)
     budget = default_max_error(qtype) if max_error is None else max_error
     checks = [
         Check(f"{qtype.name}-layout", lambda: _layout(qtype)),
@@ -181,6 +235,34 @@ def quant_checks(
                     "dequantize",
                     qtype.dequantize(qtype.quantize(x)),
                     np.asarray(reference_dequantize(qtype.quantize(x)), dtype=np.float32),
+                ),
+            )
+        )
+    return checks
+
+
+def _read_only_checks(
+    qtype: Any,
+    runtime: Any,
+    reference_dequantize: Callable[[np.ndarray], np.ndarray] | None,
+    sample_bytes: np.ndarray | None,
+) -> list[Check]:
+    data = random_bytes(qtype, seed=2) if sample_bytes is None else np.asarray(sample_bytes)
+    checks = [
+        Check(f"{qtype.name}-layout", lambda: _layout(qtype)),
+        Check(f"{qtype.name}-shapes", lambda: _decoded_shapes(qtype, data)),
+        Check(f"{qtype.name}-zeros", lambda: _zeros(qtype)),
+        Check(f"{qtype.name}-refuses-quantize", lambda: _refuses_quantize(qtype)),
+        Check(f"{qtype.name}-gguf-file", lambda: _gguf_file(qtype, runtime)),
+    ]
+    if reference_dequantize is not None:
+        checks.append(
+            Check(
+                f"{qtype.name}-reference-dequantize",
+                lambda: _bit_exact(
+                    "dequantize",
+                    _decode(qtype.dequantize, data),
+                    _decode(reference_dequantize, data).astype(np.float32),
                 ),
             )
         )

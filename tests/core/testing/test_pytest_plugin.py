@@ -203,6 +203,45 @@ def test_quant_checks_name_each_broken_fact():
     assert "zeros" in failures(_broken_q8(dequantize=nan_on_zero))
 
 
+def test_quant_checks_of_a_read_only_type_decode_stored_bytes():
+    from tessera.errors import TesseraError
+    from tessera.plugins.quant.q8_0 import Q8_0
+
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def refuse(x):
+        raise TesseraError("BROKEN needs an importance matrix")
+
+    def noisy(b):
+        return Q8_0.dequantize(b) * np.float32(1.05)
+
+    reference = {"reference_dequantize": lambda b: gguf.quants.dequantize(b, q8)}
+    read_only = _broken_q8(quantize=refuse, read_only=True)
+    ids = {c.id.removeprefix("BROKEN-") for c in quant_checks(read_only, None, **reference)}
+    assert ids == {"layout", "shapes", "zeros", "refuses-quantize", "gguf-file"} | {
+        "reference-dequantize"
+    }
+    assert failures(read_only, **reference) == {}
+    stored = Q8_0.quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32))
+    assert failures(read_only, sample_bytes=stored, **reference) == {}
+    broken = failures(_broken_q8(dequantize=noisy, read_only=True), **reference)
+    assert set(broken) == {"refuses-quantize", "reference-dequantize"}
+    assert "must raise TesseraError" in broken["refuses-quantize"]
+
+
+def test_backend_cases_leave_out_read_only_types():
+    from tessera.testing.conformance.kit import conformance_cases
+
+    class _Types:
+        def quant_types(self):
+            types = dict(default_runtime().quant_types())
+            types[9101] = _broken_q8(name="RO", ggml_type=9101, read_only=True)
+            return types
+
+    covered = {c.probe.get("quant_type") for c in conformance_cases(_Types())}
+    assert "Q8_0" in covered and "RO" not in covered
+
+
 def test_quant_check_finds_a_type_id_taken_by_another_plugin():
     rt = Runtime(only=["quant-float", "quant-q8_0"])
     clash = _broken_q8(ggml_type=rt.quant_type_by_name("Q8_0").ggml_type)
