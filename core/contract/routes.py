@@ -11,7 +11,7 @@ A handler is an async Starlette endpoint. Under ``tessera serve``,
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -75,6 +75,9 @@ class ServerRoute:
     #: Reachable without the API key (``/health``, the web UI's static files).
     public: bool = False
     name: str = ""
+    #: The route's OpenAPI 3.1 operation object (summary, requestBody, responses ...), for
+    #: the server's ``/openapi.json``; a route without one is served but not listed.
+    openapi: Mapping[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 def lazy_routes(

@@ -10,6 +10,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from tessera.contract.commands import Command
 from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
@@ -21,6 +23,7 @@ TESSERA_PLUGIN_API = 2
 #: (path, module, handler, methods, public)
 _ROUTES = [
     ("/health", "admin", "health", ("GET",), True),
+    ("/openapi.json", "admin", "openapi_json", ("GET",), True),
     ("/v1/health", "admin", "health", ("GET",), True),
     ("/v1/models", "admin", "models", ("GET",), False),
     ("/models", "admin", "models", ("GET",), False),
@@ -43,8 +46,10 @@ _ROUTES = [
 
 @hookimpl
 def tessera_register_routes(register: Callable[[ServerRoute], None]) -> None:
+    from .openapi import OPERATIONS
+
     for route in lazy_routes(__name__, _ROUTES):
-        register(route)
+        register(attrs.evolve(route, openapi=OPERATIONS.get(route.name)))
 
 
 def _add_arguments(parser: Any) -> None:

@@ -14,6 +14,7 @@ from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState, engine_problem
 
+from .api_fields import DETOKENIZE, SLOT_FILE, TOKENIZE
 from .fields import Fields, read_json
 
 
@@ -31,6 +32,18 @@ async def health(request: Request) -> Any:
     if problem is not None:
         raise ApiError(503, problem)
     return JSONResponse({"status": "ok"})
+
+
+async def openapi_json(request: Request) -> Any:
+    """The OpenAPI document of every listed route (public, like /health)."""
+    from tessera import __version__
+
+    from .openapi import document
+
+    state = _state(request)
+    return JSONResponse(
+        document(request.app.state.routes, __version__, bool(state.settings.api_key))
+    )
 
 
 async def models(request: Request) -> Any:
@@ -128,26 +141,25 @@ async def metrics(request: Request) -> Any:
 
 
 async def tokenize(request: Request) -> Any:
-    f = Fields(await read_json(request))
-    served = await _state(request).model_for(request, f.get("model"))
-    content = f.required("content")
-    if not isinstance(content, str):
-        raise ApiError(400, "'content' must be a string", "content")
+    f = Fields(await read_json(request), TOKENIZE)
+    served = await _state(request).model_for(request, f["model"])
+    content = f["content"]
     tok = served.tokenizer
     ids = tok.encode(
         content,
-        add_special=f.boolean("add_special", False),
-        parse_special=f.boolean("parse_special", True),
+        add_special=f["add_special"],
+        parse_special=f["parse_special"],
     )
-    if f.boolean("with_pieces", False):
+    if f["with_pieces"]:
         return JSONResponse({"tokens": [{"id": t, "piece": tok.token_to_piece(t)} for t in ids]})
     return JSONResponse({"tokens": ids})
 
 
 async def detokenize(request: Request) -> Any:
-    f = Fields(await read_json(request))
-    served = await _state(request).model_for(request, f.get("model"))
-    ids = f.get("tokens", [])
+    f = Fields(await read_json(request), DETOKENIZE)
+    served = await _state(request).model_for(request, f["model"])
+    ids = f["tokens"]
+    ids = [] if ids is None else ids
     n_vocab = served.tokenizer.n_vocab
     if not isinstance(ids, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < n_vocab for t in ids
@@ -168,6 +180,8 @@ async def slot_action(request: Request) -> Any:
     except ValueError:
         raise ApiError(400, "the slot id must be an integer") from None
     action = request.query_params.get("action", "")
+    # a body is optional (erase takes none), but one that is sent must be valid
+    f = Fields(await read_json(request) if await request.body() else {}, SLOT_FILE)
     engine = (await state.model_for(request)).engine
     try:
         if action == "erase":
@@ -178,7 +192,9 @@ async def slot_action(request: Request) -> Any:
             raise ApiError(
                 501, "slot save/restore is off; start the server with --slot-save-path DIR"
             )
-        filename = Fields(await read_json(request)).required("filename")
+        filename = f["filename"]
+        if filename is None:
+            raise ApiError(400, f"'filename' is required to {action} a slot", "filename")
         path = slot_file_path(state.settings.slot_save_path, filename)
         if action == "save":
             return JSONResponse(engine.save_slot(id_slot, path))

@@ -148,4 +148,5 @@ def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any =
         lifespan=lifespan,
     )
     app.state.tessera = state
+    app.state.routes = list(unique)  # for /openapi.json
     return BodyLimit(app, state.settings.max_body_bytes)

@@ -17,6 +17,7 @@ from tessera.errors import TesseraError
 from tessera.plugins.chat import ChatSession, chat_template
 from tessera.plugins.server.state import ServedModel, ServerState
 
+from .api_fields import CHAT
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
 from .openai_common import (
@@ -32,7 +33,7 @@ from .openai_common import (
 
 
 def _session(served: ServedModel, f: Fields) -> ChatSession:
-    messages = f.required("messages")
+    messages = f["messages"]
     if (
         not isinstance(messages, list)
         or not messages
@@ -42,7 +43,7 @@ def _session(served: ServedModel, f: Fields) -> ChatSession:
             400, "'messages' must be a non-empty list of objects with a 'role'", "messages"
         )
     tok = served.tokenizer
-    tools = f.get("tools")
+    tools = f["tools"]
     if tools is not None and not isinstance(tools, list):
         raise ApiError(400, "'tools' must be a list of tool objects", "tools")
     try:
@@ -57,9 +58,9 @@ def _session(served: ServedModel, f: Fields) -> ChatSession:
             None,
             messages,
             tools=tools,
-            tool_choice=f.get("tool_choice"),
-            reasoning_format=f.get("reasoning_format", "auto"),
-            template_kwargs=f.obj("chat_template_kwargs"),
+            tool_choice=f["tool_choice"],
+            reasoning_format=f["reasoning_format"],
+            template_kwargs=f["chat_template_kwargs"],
         )
     except TesseraError as exc:
         raise ApiError(400, str(exc)) from None
@@ -75,19 +76,19 @@ def prompt_tokens(served: ServedModel, text: str) -> list[int]:
 
 async def chat_completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
-    f = Fields(await read_json(request))
-    n = f.integer("n", 1, 1, 16)
-    want_logprobs = f.boolean("logprobs", False)
-    n_top = f.integer("top_logprobs", 0, 0, 20) if want_logprobs else -1
+    f = Fields(await read_json(request), CHAT)
+    n = f["n"]
+    want_logprobs = f["logprobs"]
+    n_top = f["top_logprobs"] if want_logprobs else -1
     n_predict = max_tokens(f, default=-1)
     samplers = sampler_params(f, n)
-    served = await state.model_for(request, f.get("model"))
+    served = await state.model_for(request, f["model"])
     sessions = [_session(served, f) for _ in range(n)]
     prompt = prompt_tokens(served, sessions[0].prompt())
     requests = await generation_requests(f, served, prompt, samplers, n_predict, n_top)
-    runs = start_runs(served, requests, f.string_list("stop"))
+    runs = start_runs(served, requests, f["stop"])
     head = response_head(served, "chat.completion", "chatcmpl")
-    if f.boolean("stream", False):
+    if f["stream"]:
         return StreamingResponse(
             _stream(served, f, head, runs, sessions, want_logprobs),
             media_type="text/event-stream",
@@ -129,7 +130,7 @@ def _stream(
     want_logprobs: bool,
 ):
     head = {**head, "object": "chat.completion.chunk"}
-    include_usage = bool((f.obj("stream_options") or {}).get("include_usage"))
+    include_usage = bool((f["stream_options"] or {}).get("include_usage"))
     pending: list[list[dict]] = [[] for _ in runs]  # logprob entries not yet sent
     called = [False] * len(runs)
 

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from tessera.contract.routes import ApiError
 from tessera.plugins.server.state import ServedModel, ServerState
 
+from .api_fields import COMPLETIONS
 from .fields import Fields, read_json, token_ids
 from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
 from .openai_common import (
@@ -59,24 +60,24 @@ def _logprobs(served: ServedModel, run: ChoiceRun, offset: int = 0) -> dict[str,
 
 async def completions(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
-    f = Fields(await read_json(request))
-    n = f.integer("n", 1, 1, 16)
-    logprobs = f.integer("logprobs", None, 0, 20)
+    f = Fields(await read_json(request), COMPLETIONS)
+    n = f["n"]
+    logprobs = f["logprobs"]
     n_predict = max_tokens(f, default=16)
     samplers = sampler_params(f, n)
-    stream = f.boolean("stream", False)
-    served = await state.model_for(request, f.get("model"))
-    prompts = prompts_of(served, f.required("prompt"))
+    stream = f["stream"]
+    served = await state.model_for(request, f["model"])
+    prompts = prompts_of(served, f["prompt"])
     n_top = -1 if logprobs is None else logprobs
     requests = [
         req
         for p in prompts
         for req in await generation_requests(f, served, p, samplers, n_predict, n_top)
     ]
-    runs = start_runs(served, requests, f.string_list("stop"))
+    runs = start_runs(served, requests, f["stop"])
     head = response_head(served, "text_completion", "cmpl")
     if stream:
-        include_usage = bool((f.obj("stream_options") or {}).get("include_usage"))
+        include_usage = bool((f["stream_options"] or {}).get("include_usage"))
 
         def on_piece(i: int, piece: Piece) -> list[dict]:
             if not piece.text:

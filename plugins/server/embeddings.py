@@ -17,6 +17,7 @@ from tessera.contract.routes import ApiError
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.server.state import ServedModel, ServerState
 
+from .api_fields import EMBEDDINGS, RERANK
 from .fields import Fields, read_json, token_ids
 
 
@@ -58,13 +59,11 @@ def _inputs(served: ServedModel, value: Any) -> list[list[int]]:
 
 async def embeddings(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
-    f = Fields(await read_json(request))
-    served = await state.model_for(request, f.get("model"))
-    inputs = _inputs(served, f.required("input"))
-    dims = f.integer("dimensions", None, 1)
-    encoding = f.get("encoding_format", "float")
-    if encoding not in ("float", "base64"):
-        raise ApiError(400, "'encoding_format' must be float or base64", "encoding_format")
+    f = Fields(await read_json(request), EMBEDDINGS)
+    served = await state.model_for(request, f["model"])
+    inputs = _inputs(served, f["input"])
+    dims = f["dimensions"]
+    encoding = f["encoding_format"]
     embedder = _embedder(served)
     try:
         vectors = await asyncio.to_thread(embedder.embed, inputs, dims)
@@ -91,15 +90,13 @@ async def embeddings(request: Request) -> Any:
 
 async def rerank(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
-    f = Fields(await read_json(request))
-    served = await state.model_for(request, f.get("model"))
-    query = f.required("query")
-    documents = f.required("documents")
-    if not isinstance(query, str):
-        raise ApiError(400, "'query' must be a string", "query")
+    f = Fields(await read_json(request), RERANK)
+    served = await state.model_for(request, f["model"])
+    query = f["query"]
+    documents = f["documents"]
     if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
         raise ApiError(400, "'documents' must be a list of strings", "documents")
-    top_n = f.integer("top_n", len(documents), 1)
+    top_n = f["top_n"] or len(documents)
     embedder = _embedder(served)
     try:
         scores = await asyncio.to_thread(embedder.rerank, query, documents)
@@ -107,7 +104,7 @@ async def rerank(request: Request) -> Any:
         raise ApiError(400, str(exc)) from None
     order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))[:top_n]
     results = [{"index": i, "relevance_score": float(scores[i])} for i in order]
-    if f.boolean("return_documents", False):
+    if f["return_documents"]:
         for r in results:
             r["document"] = {"text": documents[r["index"]]}
     return JSONResponse({"model": served.name, "results": results})

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
 
 from tessera.contract.routes import ApiError
+
+from .api_fields import Field
 
 
 def _span(lo: float | None, hi: float | None) -> str:
@@ -52,10 +55,48 @@ def token_ids(value: Any, n_vocab: int, name: str) -> list[int] | None:
 
 
 class Fields:
-    """Typed access to a request object's fields; unknown fields are ignored."""
+    """Typed access to a request object's fields; unknown fields are ignored.
 
-    def __init__(self, body: dict[str, Any]) -> None:
+    With ``declared`` (a table of :mod:`tessera.plugins.server.api_fields`), every declared
+    field is checked on construction (a 400 naming the first bad one), and ``f[name]``
+    reads one with its declared type, range and default; reading a field the table does
+    not declare is a programming error (KeyError), so the table stays complete.
+    """
+
+    def __init__(self, body: dict[str, Any], declared: Mapping[str, Field] | None = None) -> None:
         self.body = body
+        self.declared = declared or {}
+        for name in self.declared:  # every declared field is checked now, before any work
+            self[name]
+
+    def __getitem__(self, name: str) -> Any:
+        field = self.declared[name]
+        if field.required:
+            self.required(name)
+        if field.kind == "integer":
+            return self.integer(name, field.default, *self._range(field))
+        if field.kind == "number":
+            return self.number(name, field.default, *self._range(field))
+        if field.kind == "boolean":
+            return self.boolean(name, field.default)
+        if field.kind == "strings":
+            return self.string_list(name)
+        if field.kind == "object":
+            return self.obj(name)
+        value = self.get(name, field.default)
+        if field.kind == "string" and value is not None and not isinstance(value, str):
+            raise self._bad(name, "a string")
+        if field.kind == "choice" and value not in field.choices:
+            raise self._bad(name, "one of " + ", ".join(field.choices))
+        return value
+
+    @staticmethod
+    def _range(field: Field) -> tuple[Any, Any]:
+        # the sampler's own validator words its ranges (the CLI shares it), so they are
+        # left to it; open bounds too
+        if field.sampler or field.lo_open:
+            return None, None
+        return field.lo, field.hi
 
     def _bad(self, name: str, want: str) -> ApiError:
         shown = repr(self.body.get(name))

@@ -21,8 +21,6 @@ from tessera.plugins.server.state import ServedModel
 from .fields import Fields
 from .generation import ChoiceRun, Piece, run_error
 
-_DEFAULTS = SamplerParams()
-
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
@@ -48,13 +46,13 @@ def sampler_params(f: Fields, n: int) -> list[SamplerParams]:
     """
     try:
         params = SamplerParams(
-            temperature=f.number("temperature", _DEFAULTS.temperature, 0.0, 2.0),
-            top_p=f.number("top_p", _DEFAULTS.top_p),
-            top_k=f.integer("top_k", _DEFAULTS.top_k),
-            min_p=f.number("min_p", _DEFAULTS.min_p),
-            repeat_penalty=f.number("repeat_penalty", _DEFAULTS.repeat_penalty),
-            repeat_last_n=f.integer("repeat_last_n", _DEFAULTS.repeat_last_n),
-            seed=f.integer("seed", None),
+            temperature=f["temperature"],
+            top_p=f["top_p"],
+            top_k=f["top_k"],
+            min_p=f["min_p"],
+            repeat_penalty=f["repeat_penalty"],
+            repeat_last_n=f["repeat_last_n"],
+            seed=f["seed"],
         )
     except SamplerParamError as exc:
         raise ApiError(400, str(exc), param=exc.field) from None
@@ -67,11 +65,7 @@ def sampler_params(f: Fields, n: int) -> list[SamplerParams]:
 def max_tokens(f: Fields, default: int) -> int:
     """max_completion_tokens, max_tokens or n_predict (-1: until the context is full), the
     first one given; each one given is checked."""
-    given = [
-        f.integer("max_completion_tokens", None, 1),
-        f.integer("max_tokens", None, 1),
-        f.integer("n_predict", None, -1),
-    ]
+    given = [f["max_completion_tokens"], f["max_tokens"], f["n_predict"]]
     return next((v for v in given if v is not None), default)
 
 
@@ -85,7 +79,7 @@ def capped(n_predict: int, served: ServedModel) -> int:
 
 async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
     """The constraint factory ``response_format`` asks for (None for plain text)."""
-    fmt = f.obj("response_format")
+    fmt = f["response_format"]
     kind = (fmt or {}).get("type", "text")
     if kind == "text":
         return None
@@ -118,9 +112,15 @@ async def generation_requests(
 ) -> list[GenerationRequest]:
     """One request per choice (one sampler each), ``n_predict`` capped by the server."""
     n_slots = len(served.engine.slots)
-    id_slot = f.integer("id_slot", -1, -1, n_slots - 1)
-    cache_prompt = f.boolean("cache_prompt", True)
-    ignore_eos = f.boolean("ignore_eos", False)
+    id_slot = f["id_slot"]
+    if id_slot >= n_slots:
+        raise ApiError(
+            400,
+            f"id_slot must be an integer between -1 and {n_slots - 1}, got {id_slot}",
+            "id_slot",
+        )
+    cache_prompt = f["cache_prompt"]
+    ignore_eos = f["ignore_eos"]
     bias = logit_bias(f, served)
     constraint = await json_constraint(f, served)
     return [
@@ -141,7 +141,7 @@ async def generation_requests(
 
 def logit_bias(f: Fields, served: ServedModel) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``logit_bias``: ``{"token id": bias in [-100, 100]}``."""
-    value = f.obj("logit_bias") or {}
+    value = f["logit_bias"] or {}
     n_vocab = served.tokenizer.n_vocab
     out = []
     for key, bias in value.items():

@@ -1,0 +1,196 @@
+"""Every request field of the server's routes, declared once: type, range, default, meaning.
+
+Handlers read a field through :class:`tessera.plugins.server.fields.Fields`, which checks
+it against its declaration here (a 400 naming the field, the value and the allowed range),
+and :mod:`tessera.plugins.server.openapi` turns the same declarations into the request
+schemas of ``/openapi.json``; so the document and the checks cannot disagree (the
+schemathesis test sends both conforming and violating bodies to hold them to it).
+
+Ranges follow llama.cpp's server where it has the field, OpenAI's otherwise; the sampler
+ranges are those :class:`tessera.engine.sampling.SamplerParams` checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from tessera.engine.sampling import SEED_LIMIT, SamplerParams
+
+_SAMPLER = SamplerParams()
+
+
+@attrs.frozen
+class Field:
+    """One request field.
+
+    ``kind`` is one of ``integer``, ``number`` (finite), ``boolean``, ``string``,
+    ``strings`` (a string or a list of strings), ``object``, ``choice`` (one of
+    ``choices``) or ``any`` (checked by its handler; ``schema`` says which forms it takes).
+    ``lo``/``hi`` bound numbers (``lo_open``: strictly above ``lo``).
+    """
+
+    name: str
+    kind: str
+    doc: str
+    default: Any = None
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    choices: tuple[str, ...] = ()
+    required: bool = False
+    #: The range is :class:`SamplerParams`' own, checked (and worded) there.
+    sampler: bool = False
+    schema: Mapping[str, Any] | None = None
+
+    def json_schema(self) -> dict[str, Any]:
+        """This field's JSON schema (OpenAPI 3.1)."""
+        if self.schema is not None:
+            out = dict(self.schema)
+        elif self.kind == "strings":
+            out = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+        elif self.kind == "choice":
+            out = {"type": "string", "enum": list(self.choices)}
+        else:
+            out = {"type": self.kind}
+        if self.lo is not None:
+            out["exclusiveMinimum" if self.lo_open else "minimum"] = self.lo
+        if self.hi is not None:
+            out["maximum"] = self.hi
+        if self.default is not None:
+            out["default"] = self.default
+        # null is accepted for every optional field: it means "not given", as in OpenAI's API
+        if not self.required:
+            out = {"anyOf": [out, {"type": "null"}]} if "type" in out else _nullable(out)
+        return {**out, "description": self.doc}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "anyOf": [*schema["anyOf"], {"type": "null"}]}
+
+
+def _group(*fields: Field) -> dict[str, Field]:
+    return {f.name: f for f in fields}
+
+
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_TEXT_OR_IDS = {"anyOf": [{"type": "string"}, _TOKEN_IDS]}
+_PROMPT = {
+    "anyOf": [*_TEXT_OR_IDS["anyOf"], {"type": "array", "items": _TEXT_OR_IDS, "minItems": 1}]
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string"},
+        "content": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    },
+}
+
+
+def _sampler(name: str, kind: str, doc: str, lo: float, hi: float | None = None, **kw: Any):
+    """A field of :class:`SamplerParams`, with its default."""
+    return Field(name, kind, doc, getattr(_SAMPLER, name), lo, hi, sampler=True, **kw)
+
+
+MODEL = Field("model", "string", "the model to use (a name from /v1/models); default: the first")
+
+SAMPLING = _group(
+    MODEL,
+    Field("temperature", "number", "sampling temperature; 0 = greedy", _SAMPLER.temperature, 0, 2),
+    _sampler("top_p", "number", "nucleus sampling mass; 1 = off", 0, 1),
+    _sampler("top_k", "integer", "keep the k most likely tokens; 0 = off", 0),
+    _sampler("min_p", "number", "drop tokens under min_p x the best; 0 = off", 0, 1),
+    _sampler("repeat_penalty", "number", "penalty for recent tokens; 1 = off", 0, lo_open=True),
+    _sampler("repeat_last_n", "integer", "how many recent tokens the penalty sees; 0 = off", 0),
+    # -1 is llama.cpp's "random"; SamplerParams stores it as None
+    Field("seed", "integer", "sampling seed; -1 = random", None, -1, SEED_LIMIT - 1, sampler=True),
+    Field("max_completion_tokens", "integer", "most tokens to generate", None, 1),
+    Field("max_tokens", "integer", "most tokens to generate (older name)", None, 1),
+    Field("n_predict", "integer", "most tokens to generate (llama.cpp); -1 = until full", None, -1),
+    Field("n", "integer", "choices per prompt", 1, 1, 16),
+    Field("stop", "strings", "strings that end the generation (not included in the text)"),
+    Field("stream", "boolean", "send server-sent events as tokens come", False),
+    Field("stream_options", "object", "{include_usage: bool}: a final usage chunk"),
+    Field("id_slot", "integer", "the slot to run in (llama.cpp); -1 = any free slot", -1, -1),
+    Field("cache_prompt", "boolean", "reuse the slot's cached prompt prefix", True),
+    Field("ignore_eos", "boolean", "keep generating past the end-of-text token", False),
+    Field(
+        "logit_bias",
+        "object",
+        "token id -> bias in [-100, 100] added to its logit",
+        schema={"type": "object", "additionalProperties": {"type": "number"}},
+    ),
+    Field(
+        "response_format",
+        "object",
+        "{type: text | json_object}: constrain the output",
+        schema={
+            "type": "object",
+            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+        },
+    ),
+)
+
+COMPLETIONS = SAMPLING | _group(
+    Field("prompt", "any", "a string, token ids, or a list of either", required=True,
+          schema=_PROMPT),
+    Field("logprobs", "integer", "return this many top log-probabilities per token", None, 0, 20),
+)  # fmt: skip
+
+CHAT = SAMPLING | _group(
+    Field(
+        "messages", "any", "the conversation: objects with a role and content", required=True,
+        schema={"type": "array", "items": _MESSAGE, "minItems": 1},
+    ),
+    Field("logprobs", "boolean", "return log-probabilities of the output tokens", False),
+    Field("top_logprobs", "integer", "alternatives per token with logprobs", 0, 0, 20),
+    Field("tools", "any", "functions the model may call",
+          schema={"type": "array", "items": {"type": "object"}}),
+    Field(
+        "tool_choice", "any", "auto, none, required, or {type: function, function: {name}}",
+        schema={"anyOf": [{"type": "string", "enum": ["auto", "none", "required"]},
+                          {"type": "object", "required": ["function"],
+                           "properties": {"function": {"type": "object"}}}]},
+    ),
+    Field("reasoning_format", "choice", "where reasoning goes: auto/deepseek = reasoning_content",
+          "auto", choices=("auto", "deepseek", "none")),
+    Field("chat_template_kwargs", "object", "extra variables for the chat template"),
+)  # fmt: skip
+
+EMBEDDINGS = _group(
+    MODEL,
+    Field("input", "any", "a string, token ids, or a list of either", required=True,
+          schema=_PROMPT),
+    Field("dimensions", "integer", "keep the first dimensions (Matryoshka)", None, 1),
+    Field("encoding_format", "choice", "float list or base64 of little-endian float32",
+          "float", choices=("float", "base64")),
+)  # fmt: skip
+
+RERANK = _group(
+    MODEL,
+    Field("query", "string", "the query", required=True),
+    Field("documents", "any", "the documents to rank", required=True,
+          schema={"type": "array", "items": {"type": "string"}}),
+    Field("top_n", "integer", "keep the n best; default: all", None, 1),
+    Field("return_documents", "boolean", "include each document's text", False),
+)  # fmt: skip
+
+TOKENIZE = _group(
+    MODEL,
+    Field("content", "string", "the text to tokenize", required=True),
+    Field("add_special", "boolean", "add BOS/EOS as the model's tokenizer does", False),
+    Field("parse_special", "boolean", "read special-token text as special tokens", True),
+    Field("with_pieces", "boolean", "return {id, piece} objects", False),
+)
+
+DETOKENIZE = _group(
+    MODEL,
+    Field("tokens", "any", "token ids", schema={"type": "array", "items": {"type": "integer"}}),
+)
+
+SLOT_FILE = _group(
+    Field("filename", "string", "file name inside --slot-save-path (save and restore)"),
+)
