@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -128,6 +128,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(ApiError(exc.status_code, message))
 
 
+async def _client_gone(request: Request, exc: Exception) -> JSONResponse:
+    # the client left before its body was complete: nothing to answer, nothing to log
+    log.debug("client disconnected while sending %s", request.url.path)
+    return error_response(ApiError(400, "the client disconnected before the body was complete"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path)
     return error_response(ApiError(500, f"internal error: {type(exc).__name__}: {exc}"))
@@ -143,6 +149,7 @@ def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any =
         exception_handlers={
             ApiError: _api_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _unexpected,
         },
         lifespan=lifespan,

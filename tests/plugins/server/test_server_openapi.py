@@ -22,10 +22,11 @@ from schemathesis.specs.openapi.checks import (
 
 from tessera.plugins.server.testing import live_server
 
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A server with slot files on, whose queue takes every choice of a request (n <= 16) and whose answers
-    stop after 4 tokens (--max-tokens-cap), so that each example is quick."""
+    """A server with slot files on, whose queue takes every choice of a request (n <= 16)
+    and whose answers stop after 4 tokens (--max-tokens-cap), so each example is quick."""
     argv = ["--backend", "numpy", "-np", "2", "-c", "256", "-b", "64", "--max-queue", "64"]
     argv += ["--slot-save-path", str(tmp_path_factory.mktemp("slots"))]
     with live_server([*argv, "--max-tokens-cap", "4", "--pooling", "mean"]) as srv:
@@ -57,9 +58,7 @@ def test_the_document_lists_the_api_with_the_declared_fields(server):
     assert doc["openapi"].startswith("3.1")
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     props = chat["requestBody"]["content"]["application/json"]["schema"]["properties"]
-    assert chat["requestBody"]["content"]["application/json"]["schema"]["required"] == [
-        "messages"
-    ]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["required"] == ["messages"]
     temperature = props["temperature"]["anyOf"][0]
     assert (temperature["minimum"], temperature["maximum"]) == (0, 2)
     assert props["repeat_penalty"]["anyOf"][0]["exclusiveMinimum"] == 0

@@ -81,3 +81,45 @@ def test_sigterm_cuts_long_generations_after_the_timeout_and_exits_0():
     error = json.loads(lines[-2][len("data: ") :])["error"]
     assert "shutting down" in error["message"] and error["code"] == "server_shutting_down"
     assert "Traceback" not in stderr, stderr[-2000:]
+
+
+def _leave_mid_stream(port: int, n_bytes: int) -> None:
+    """A client that reads ``n_bytes`` of a long stream and hangs up."""
+    body = json.dumps({"prompt": "Once", "max_tokens": 4000, "ignore_eos": True, "stream": True})
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode() + body.encode())
+        got = 0
+        while got < n_bytes and (chunk := sock.recv(n_bytes - got)):
+            got += len(chunk)
+
+
+def test_sigterm_under_load_with_clients_leaving_ends_every_stream_and_exits_0():
+    port = _free_port()
+    proc = _serve(port)
+    streams = [([], threading.Event()) for _ in range(4)]
+    readers = [
+        threading.Thread(target=_stream, args=(port, lines, first), daemon=True)
+        for lines, first in streams
+    ]
+    leavers = [
+        threading.Thread(target=_leave_mid_stream, args=(port, n), daemon=True)
+        for n in (1, 300, 2000, 5000)
+    ]
+    for t in readers + leavers:
+        t.start()
+    assert all(first.wait(60) for _, first in streams[:2]), "no chunk arrived"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=30)
+    for t in readers + leavers:
+        t.join(10)
+        assert not t.is_alive(), "a client hung after the server stopped"
+    assert proc.returncode == 0, stderr[-2000:]
+    for lines, first in streams:
+        if first.is_set():  # a stream that started ends with the cut and [DONE]
+            assert lines[-1] == "data: [DONE]", lines[-3:]
+            assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == "server_shutting_down"
+    assert "Traceback" not in stderr, stderr[-2000:]
