@@ -1,15 +1,19 @@
-"""Refusing a KV cache the machine has no memory for, before allocating it.
+"""Refusing weights or a KV cache the machine has no memory for, before allocating them.
 
-The KV cache is the one large allocation a context makes (``n_ctx`` cells of K and V per
-layer, in the compute dtype). On a CPU backend it is checked against what the kernel says
-can be allocated without swapping (``MemAvailable`` in ``/proc/meminfo``), so a ``-c`` too
-large for the machine is one sentence with the numbers and the way out instead of an OOM
-kill. Where the figure is unknown (not Linux, a GPU device) nothing is checked.
+The two large allocations are a model's weights (made when it loads) and a context's KV
+cache (``n_ctx`` cells of K and V per layer, in the compute dtype). On a CPU backend each
+is checked against what the kernel says can be allocated without swapping
+(``MemAvailable`` in ``/proc/meminfo``), so a model or a ``-c`` too large for the machine
+is one sentence with the numbers and the way out instead of an OOM kill; in a server with
+several models (``--models-max``) each load is checked against what is left. Where the
+figure is unknown (not Linux, a GPU device) nothing is checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tessera.contract.arch import KVLayerLayout
 from tessera.errors import TesseraError
@@ -38,6 +42,34 @@ def kv_cache_bytes(layout: Sequence[KVLayerLayout | None], n_ctx: int, dtype: st
     """Bytes of the K and V tensors of ``n_ctx`` cells over ``layout`` (shared layers: none)."""
     per_cell = sum(L.n_head_kv * (L.head_dim_k + L.head_dim_v) for L in layout if L is not None)
     return n_ctx * per_cell * DTYPE_BYTES.get(dtype, 4)
+
+
+def weight_bytes(
+    tensors: Mapping[str, Any], qtypes: Mapping[str, Any], backend: Any, kernels: Mapping
+) -> int:
+    """Bytes the backend keeps for these weights: a 2-D tensor that a weight kernel of
+    ``kernels`` (keyed ``(backend, quant type)``) takes stays about its stored size;
+    anything else is dequantized to the compute dtype. A lower bound for kernels that
+    repack (a few bytes per block more), exact for the dequantized rest."""
+    value_bytes = DTYPE_BYTES.get(backend.dtype, 4)
+    total = 0
+    for name, raw in tensors.items():
+        kernel = kernels.get((backend.name, qtypes[name].name))
+        if kernel is not None and len(raw.shape) == 2 and kernel.supports(backend):
+            total += raw.data.nbytes
+        else:
+            total += math.prod(raw.shape) * value_bytes
+    return total
+
+
+def check_weights_fit(need: int, n_tensors: int, dtype: str, available: int | None) -> None:
+    """Raise :class:`OutOfMemoryError` when ``need`` bytes of weights would not fit."""
+    if available is not None and need > available:
+        raise OutOfMemoryError(
+            f"this model's {n_tensors} tensors need {_gib(need)} in memory ({dtype} compute) "
+            f"but this machine has {_gib(available)} available; use a smaller quantization "
+            "(tessera quantize), unload other models, or free memory"
+        )
 
 
 def _gib(n: int) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from tessera.contract.experts import MoEOptions, build_experts
 from tessera.contract.ops import Op
+from tessera.engine.memory import available_bytes, check_weights_fit, weight_bytes
 from tessera.errors import ModelFileError, UnknownBackendError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.hf import read_hf_config, read_safetensors_dir
@@ -152,6 +153,9 @@ def load_model(
             f"backend '{backend.name}' does not support {', '.join(missing)} needed by this model"
         )
     runtime.equip(backend)
+    if backend.device == "cpu":
+        need = weight_bytes(raw, qtypes, backend, runtime.weight_kernels())
+        check_weights_fit(need, len(raw), backend.dtype, available_bytes())
     weights: dict[str, Any] = {}
     items = list(raw.items())
     if progress:

@@ -1,4 +1,5 @@
-"""A KV cache the machine cannot hold is refused with the numbers before it is allocated."""
+"""Weights or a KV cache the machine cannot hold are refused with the numbers before they
+are allocated."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from tessera.cli.main import main
 from tessera.engine import context as context_module
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.memory import OutOfMemoryError, available_bytes, kv_cache_bytes
+from tessera.engine.memory import OutOfMemoryError, available_bytes, kv_cache_bytes, weight_bytes
+from tessera.files import load as load_module
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
 
@@ -52,3 +54,30 @@ def test_free_memory_is_read_on_linux():
     assert value is None or (isinstance(value, int) and value > 0)
     if value is not None:
         assert value < (1 << 50) and np.isfinite(value)
+
+
+def test_the_weight_estimate_is_what_loading_allocates(model):
+    from tessera.files.gguf import read_gguf
+
+    runtime = Runtime()
+    raw = read_gguf(default_model_path()).tensors
+    qtypes = {n: runtime.quant_type(t.ggml_type, n) for n, t in raw.items()}
+    need = weight_bytes(raw, qtypes, model.backend, runtime.weight_kernels())
+    # the numpy backend dequantizes every tensor to float32
+    assert need == sum(np.asarray(w).nbytes for w in model.weights.values())
+
+
+def test_weights_over_the_free_memory_are_refused_before_loading(monkeypatch):
+    monkeypatch.setattr(load_module, "available_bytes", lambda: 1 << 20)
+    with pytest.raises(OutOfMemoryError) as refused:
+        load_model(default_model_path(), Runtime(), "numpy")
+    message = str(refused.value)
+    assert "GiB in memory" in message and "available" in message
+    assert "smaller quantization" in message
+
+
+def test_run_with_weights_too_large_is_one_error_line(monkeypatch, capsys):
+    monkeypatch.setattr(load_module, "available_bytes", lambda: 1 << 20)
+    code = main(["run", "-p", "hi", "-n", "2", "--backend", "numpy"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and err[-1].startswith("error: this model's")
