@@ -156,11 +156,16 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         g.add_argument(*names, type=sampler_value(field, kind), default=default, help=help)
 
     flag("--temp", field="temperature", kind=float, help="temperature (0 = greedy)")
-    flag("--top-k", field="top_k", kind=int, help="top-k (0 = off)")
+    flag("--top-k", field="top_k", kind=int, help="top-k (0 or below = off)")
     flag("--top-p", field="top_p", kind=float, help="top-p (1 = off)")
     flag("--min-p", field="min_p", kind=float, help="min-p (0 = off)")
     flag("--repeat-penalty", field="repeat_penalty", kind=float, help="> 0 (1 = off)")
-    flag("--repeat-last-n", field="repeat_last_n", kind=int, help="tokens penalized (0 = off)")
+    flag(
+        "--repeat-last-n",
+        field="repeat_last_n",
+        kind=int,
+        help="tokens penalized (0 = off, -1 = the whole context)",
+    )
     flag("-s", "--seed", field="seed", kind=int, help="RNG seed (default, -1: random)")
 
 

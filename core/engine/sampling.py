@@ -96,13 +96,17 @@ class SamplerParams:
     temperature: float = attrs.field(
         default=0.8, validator=_check(False, note="0 or below = greedy")
     )
-    top_k: int = attrs.field(default=40, validator=_check(True, 0, note="0 = off"))
+    #: As llama.cpp: 0 or below = off (the whole vocabulary).
+    top_k: int = attrs.field(default=40, validator=_check(True, note="0 or below = off"))
     top_p: float = attrs.field(default=0.95, validator=_check(False, 0, 1, note="1 = off"))
     min_p: float = attrs.field(default=0.05, validator=_check(False, 0, 1, note="0 = off"))
     repeat_penalty: float = attrs.field(
         default=1.0, validator=_check(False, 0, above=True, note="1 = off")
     )
-    repeat_last_n: int = attrs.field(default=64, validator=_check(True, 0, note="0 = off"))
+    #: As llama.cpp: -1 = every token so far (the whole context).
+    repeat_last_n: int = attrs.field(
+        default=64, validator=_check(True, -1, note="0 = off, -1 = the whole context")
+    )
     #: None (or -1, stored as None): a random seed.
     seed: int | None = attrs.field(default=None, converter=_random_seed, validator=_seed_range)
 
@@ -122,7 +126,8 @@ class Sampler:
         p = self.params
         if p.repeat_penalty == 1.0 or p.repeat_last_n == 0 or not len(history):
             return logits
-        recent = np.unique(np.asarray(history[-p.repeat_last_n :], dtype=np.int64))
+        window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n :]
+        recent = np.unique(np.asarray(window, dtype=np.int64))
         logits = logits.copy()
         seen = logits[recent]
         # a penalty near 0 or a huge one overflows: clipped, as an infinite logit makes NaN odds

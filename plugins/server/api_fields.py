@@ -101,10 +101,10 @@ SAMPLING = _group(
     MODEL,
     Field("temperature", "number", "sampling temperature; 0 = greedy", _SAMPLER.temperature, 0, 2),
     _sampler("top_p", "number", "nucleus sampling mass; 1 = off", 0, 1),
-    _sampler("top_k", "integer", "keep the k most likely tokens; 0 = off", 0),
+    _sampler("top_k", "integer", "keep the k most likely tokens; 0 or below = off", None),
     _sampler("min_p", "number", "drop tokens under min_p x the best; 0 = off", 0, 1),
     _sampler("repeat_penalty", "number", "penalty for recent tokens; 1 = off", 0, lo_open=True),
-    _sampler("repeat_last_n", "integer", "how many recent tokens the penalty sees; 0 = off", 0),
+    _sampler("repeat_last_n", "integer", "recent tokens the penalty sees; 0 off, -1 all", -1),
     # -1 is llama.cpp's "random"; SamplerParams stores it as None
     Field("seed", "integer", "sampling seed; -1 = random", None, -1, SEED_LIMIT - 1, sampler=True),
     Field("max_completion_tokens", "integer", "most tokens to generate", None, 1),

@@ -59,6 +59,20 @@ def test_repeat_penalty_divides_positive_and_multiplies_negative_logits():
     np.testing.assert_allclose(out, [2.0, -2.0, 3.0, 1.0])  # token 2 is outside the last 2
 
 
+def test_repeat_last_n_minus_one_penalizes_the_whole_history():
+    sampler = Sampler(SamplerParams(repeat_penalty=2.0, repeat_last_n=-1))
+    out = sampler.apply_penalty(np.array([4.0, -1.0, 3.0, 1.0], dtype=np.float32), [2, 0, 1])
+    np.testing.assert_allclose(out, [2.0, -2.0, 1.5, 1.0])
+
+
+def test_a_negative_top_k_is_off_as_in_llama_cpp():
+    off = dict(temperature=1.0, top_p=1.0, min_p=0.0)
+    np.testing.assert_array_equal(
+        Sampler(SamplerParams(top_k=-1, **off)).probs(LOGITS),
+        Sampler(SamplerParams(top_k=0, **off)).probs(LOGITS),
+    )
+
+
 def test_same_seed_same_tokens_other_seed_other_tokens():
     def draws(seed):
         sampler = Sampler(SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed))
@@ -68,7 +82,9 @@ def test_same_seed_same_tokens_other_seed_other_tokens():
     assert draws(42) != draws(43)
 
 
-@pytest.mark.parametrize("field,value", [("top_p", 1.5), ("min_p", -0.1), ("top_k", -1)])
+@pytest.mark.parametrize(
+    "field,value", [("top_p", 1.5), ("min_p", -0.1), ("repeat_last_n", -2), ("top_k", 1.5)]
+)
 def test_invalid_settings_are_rejected_with_the_field_name(field, value):
     with pytest.raises(TesseraError, match=field):
         SamplerParams(**{field: value})
