@@ -128,6 +128,10 @@ def _refuses_quantize(qtype: Any) -> None:
         qtype.quantize(sample_values(qtype, n_blocks=1)[:1])
     except TesseraError:
         return
+    except Exception as exc:
+        raise AssertionError(
+            f"a read_only type's quantize must raise TesseraError saying why, not {exc!r}"
+        ) from exc
     raise AssertionError("a read_only type's quantize must raise TesseraError saying why")
 
 

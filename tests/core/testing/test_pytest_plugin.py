@@ -228,6 +228,11 @@ def test_quant_checks_of_a_read_only_type_decode_stored_bytes():
     assert set(broken) == {"refuses-quantize", "reference-dequantize"}
     assert "must raise TesseraError" in broken["refuses-quantize"]
 
+    def crash(x):
+        raise NotImplementedError  # not a message a user can act on
+
+    assert set(failures(_broken_q8(quantize=crash, read_only=True))) == {"refuses-quantize"}
+
 
 def test_backend_cases_leave_out_read_only_types():
     from tessera.testing.conformance.kit import conformance_cases
