@@ -6,13 +6,13 @@ into a low nibble in bytes 8-11 and two high bits in the top of bytes 0-3 / 4-7)
 bytes of codes: for each 64 values, byte ``l`` holds value ``l`` (low nibble) and
 ``l + 32`` (high nibble). value = ``d * sc * q - dmin * m``.
 
-The quantizer is llama.cpp's reference one without an importance matrix: each group of 32
-is fitted by ggml's ``make_qkx2_quants`` (weights ``rms(x) + |x|``; 21 trial scales
-``(14 + 0.1 * k) / (max - min)``, each refitted by weighted least squares for scale and
-min, keeping the one with the smallest weighted squared error); the group scales and
-mins are then quantized to 6 bits against the largest of each. Vectorized over all groups;
-only the 21 trials are a Python loop. A trial's range ``max - min`` uses the best min found
-so far, as the C code does.
+The quantizer is llama.cpp's reference one without an importance matrix
+(:func:`~tessera.plugins.quant.kquant_fit.quantize_k4`): each group of 32 is fitted by
+ggml's ``make_qkx2_quants`` (weights ``rms(x) + |x|``; 21 trial scales ``(14 + 0.1 * k) /
+(max - min)``, each refitted by weighted least squares for scale and min, keeping the one
+with the smallest weighted squared error); the group scales and mins are then quantized to
+6 bits against the largest of each. Vectorized over all groups; only the 21 trials are a
+Python loop.
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ from tessera.plugins.quant.kquant_common import (
     QK_K,
     TorchInt4DenseWeight,
     choose_int4_rows,
-    fp16_bytes,
-    nearest_int,
-    seq_sum,
     torch_grouped_weight,
 )
+from tessera.plugins.quant.kquant_fit import quantize_k4
+from tessera.plugins.quant.kquant_layout import unpack_k4_scales
 from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
 from tessera.switches import NUMBER, Switch
 
@@ -54,80 +53,12 @@ INT4_ROWS = Switch(
 )
 
 
-def make_qkx2_quants(
-    x: np.ndarray, w: np.ndarray, rmin: float = -1.0, rdelta: float = 0.1, nstep: int = 20
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """ggml's ``make_qkx2_quants(32, 15, ...)`` (squared error) for each row of ``x``.
-
-    Returns the scales ``(n,)``, the mins ``(n,)`` (as ``-min``, so >= 0) and the codes
-    ``(n, 32)`` 0..15, all float32.
-    """
-    lo = np.minimum(x.min(axis=1), F32(0))
-    hi = x.max(axis=1)
-    flat = hi == lo
-    sum_w = seq_sum(w)
-    sum_x = seq_sum(w * x)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = F32(NMAX) / (hi - lo)
-        scale = F32(1) / iscale
-        codes = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, NMAX)
-        diff = scale[:, None] * codes + lo[:, None] - x
-        best = seq_sum(w * (diff * diff))
-        for step in range(nstep + 1):
-            iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(NMAX)) / (hi - lo)
-            trial = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, NMAX)
-            wl = w * trial
-            sum_l, sum_l2, sum_xl = seq_sum(wl), seq_sum(wl * trial), seq_sum(wl * x)
-            det = sum_w * sum_l2 - sum_l * sum_l
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-            positive = this_min > 0
-            this_min = np.where(positive, F32(0), this_min)
-            this_scale = np.where(positive, sum_xl / sum_l2, this_scale).astype(F32)
-            diff = this_scale[:, None] * trial + this_min[:, None] - x
-            error = seq_sum(w * (diff * diff))
-            better = (det > 0) & (error < best) & ~flat
-            codes = np.where(better[:, None], trial, codes)
-            best = np.where(better, error, best)
-            scale = np.where(better, this_scale, scale)
-            lo = np.where(better, this_min, lo)
-    scale = np.where(flat, F32(0), scale)
-    codes = np.where(flat[:, None], F32(0), codes)
-    return scale.astype(F32), (-lo).astype(F32), codes
-
-
-def _six_bits(values: np.ndarray, top: np.ndarray) -> np.ndarray:
-    """Group scales (or mins) as 6-bit integers against their block's largest, as ggml."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(top > 0, F32(63) / top, F32(0))
-        return np.minimum(63, nearest_int(inv[:, None] * values)).astype(np.uint8)
-
-
 def quantize(x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=F32)
-    groups = x.reshape(-1, GROUP)
-    av_x = np.sqrt(seq_sum(groups * groups) / F32(GROUP))
-    scales, mins, codes = make_qkx2_quants(groups, av_x[:, None] + np.abs(groups))
-    nb = groups.shape[0] // N_GROUPS
-    scales, mins = scales.reshape(nb, N_GROUPS), mins.reshape(nb, N_GROUPS)
-    max_scale = np.maximum(scales.max(axis=1), F32(0))
-    max_min = np.maximum(mins.max(axis=1), F32(0))
-    ls, lm = _six_bits(scales, max_scale), _six_bits(mins, max_min)
-    d16, dmin16 = fp16_bytes(max_scale / F32(63)), fp16_bytes(max_min / F32(63))
-    d = d16.view("<f2").astype(F32) * ls.astype(F32)
-    dm = dmin16.view("<f2").astype(F32) * lm.astype(F32)
-    blocks = x.reshape(nb, N_GROUPS, GROUP)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        requant = np.clip(nearest_int((blocks + dm[..., None]) / d[..., None]), 0, NMAX)
-    codes = np.where((d != 0)[..., None], requant, codes.reshape(blocks.shape)).astype(np.uint8)
-    packed_scales = np.concatenate(
-        [ls[:, :4] | (ls[:, 4:] >> 4) << 6, lm[:, :4] | (lm[:, 4:] >> 4) << 6,
-         ls[:, 4:] & 15 | (lm[:, 4:] & 15) << 4],
-        axis=1,
-    )  # fmt: skip
-    pairs = codes.reshape(nb, 4, 2, GROUP)
-    qs = (pairs[:, :, 0] | pairs[:, :, 1] << 4).reshape(nb, -1)
-    out = np.concatenate([d16, dmin16, packed_scales, qs], axis=1)
+    d16, dmin16, scale_bytes, codes = quantize_k4(x, NMAX, rmin=-1.0, nstep=20)
+    pairs = codes.reshape(-1, 4, 2, GROUP)
+    qs = (pairs[:, :, 0] | pairs[:, :, 1] << 4).reshape(pairs.shape[0], -1)
+    out = np.concatenate([d16, dmin16, scale_bytes, qs], axis=1)
     return out.reshape(*x.shape[:-1], x.shape[-1] // QK_K * TYPE_SIZE)
 
 
@@ -138,9 +69,7 @@ def unpack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     nb = blocks.shape[0]
     d = blocks[:, 0:2].copy().view("<f2").astype(F32)
     dmin = blocks[:, 2:4].copy().view("<f2").astype(F32)
-    s = blocks[:, 4:16]
-    sc = np.concatenate([s[:, 0:4] & 63, s[:, 8:12] & 15 | (s[:, 0:4] >> 6) << 4], axis=1)
-    m = np.concatenate([s[:, 4:8] & 63, s[:, 8:12] >> 4 | (s[:, 4:8] >> 6) << 4], axis=1)
+    sc, m = unpack_k4_scales(blocks[:, 4:16])
     qs = blocks[:, 16:].reshape(nb, 4, 1, 32)
     codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(nb, QK_K)
     return d * sc.astype(F32), dmin * m.astype(F32), codes
