@@ -1,8 +1,10 @@
-"""``tessera quantize``: every target type loads and stays close to the F32 model, llama.cpp's
-type rules, byte-exact ``--pure`` output against llama-quantize, and no lost or half files."""
+"""``tessera quantize``: every target type loads and stays close to the F32 model, the types
+written are llama-quantize's, byte-exact ``--pure`` output against llama-quantize, a type
+that is not installed refused before writing, and no lost or half files."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,13 +17,16 @@ from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.errors import TesseraError
 from tessera.files.gguf import read_gguf
-from tessera.files.load import load_model
+from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
-from tessera.plugins.cmd.quantize import TARGETS, quantize_model, use_more_bits
+from tessera.plugins.cmd.quantize import quantize_model
+from tessera.plugins.cmd.quantize_types import file_type
 from tessera.testing import make_gguf
 
 RUNTIME = Runtime()
-KQUANTS = Path(__file__).resolve().parents[2] / "data" / "kquants"
+DATA = Path(__file__).resolve().parents[2] / "data"
+KQUANTS = DATA / "kquants"
+MIXES = DATA / "quants" / "mixes"
 PROMPT = list(range(3, 200, 7))
 # Max abs logit difference to the F32 model, relative to the F32 logits' std, on a random
 # n_embd=256 model (measured: f16 0.003, bf16 0.02, q8_0 0.08, q6_k 0.22, fp8 0.47,
@@ -55,16 +60,16 @@ def reference_logits(model_f32):
     return logits(model_f32)
 
 
-def test_bounds_cover_every_target():
-    assert set(BOUNDS) == set(TARGETS)
+def test_bounds_name_file_types_of_different_types():
+    assert len({file_type(t).name for t in BOUNDS}) == len(BOUNDS)
 
 
-@pytest.mark.parametrize("target", list(TARGETS))
+@pytest.mark.parametrize("target", list(BOUNDS))
 def test_each_type_loads_and_stays_close_to_f32(tmp_path, model_f32, reference_logits, target):
     out = quantize_model(model_f32, tmp_path / "out.gguf", target, RUNTIME)
     path = tmp_path / "out.gguf"
     f = read_gguf(path)
-    assert f.metadata["general.file_type"] == TARGETS[target][1]
+    assert f.metadata["general.file_type"] == file_type(target).number
     assert ("general.quantization_version" in f.metadata) == (target not in {"f32", "f16", "bf16"})
     for name, t in f.tensors.items():
         assert RUNTIME.quant_type(t.ggml_type).name == out["types"][name]
@@ -83,7 +88,6 @@ def test_default_mix_follows_llama_cpp(tmp_path, model_f32):
     assert types["token_embd.weight"] == "Q4_K"
     assert types["output_norm.weight"] == "F32"
     # two layers: only layer 1 (the last eighth) gets more bits in attn_v and ffn_down
-    assert [use_more_bits(i, 2) for i in range(2)] == [False, True]
     assert types["blk.1.attn_v.weight"] == types["blk.1.ffn_down.weight"] == "Q6_K"
     assert types["blk.0.attn_v.weight"] == types["blk.0.ffn_down.weight"] == "Q4_K"
     assert types["blk.1.attn_q.weight"] == types["blk.1.ffn_up.weight"] == "Q4_K"
@@ -91,9 +95,32 @@ def test_default_mix_follows_llama_cpp(tmp_path, model_f32):
     assert {t for n, t in pure["types"].items() if "norm" not in n} == {"Q4_K"}
     q8 = quantize_model(model_f32, tmp_path / "q8.gguf", "q8_0", RUNTIME)["types"]
     assert q8["output.weight"] == "Q8_0"
-    assert [use_more_bits(i, 32) for i in (0, 3, 4, 5, 6, 7, 28, 31)] == [
-        True, True, False, False, True, False, True, True,
-    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q6_K", "F16", "BF16", "F32"])
+def test_the_default_model_gets_llama_quantize_s_types(tmp_path, ftype):
+    """End to end, the written file's types against llama-quantize's on the same file
+    (``n_ff`` 704: Q6_K falls back to Q8_0 there)."""
+    record = json.loads((MIXES / "tessera-default.json").read_text(encoding="utf-8"))
+    want = dict(zip(record["names"], record["mixes"][ftype], strict=True))
+    out = tmp_path / "out.gguf"
+    quantize_model(default_model_path(), out, ftype, RUNTIME)
+    f = read_gguf(out)
+    assert {n: gguf.GGMLQuantizationType(t.ggml_type).name for n, t in f.tensors.items()} == want
+    assert f.metadata["general.file_type"] == file_type(ftype).number
+
+
+def test_a_type_no_plugin_provides_is_refused_before_writing(tmp_path, model_f32):
+    """Q4_K_M needs Q6_K for the head: without the Q6_K plugin, one sentence names it."""
+    runtime = Runtime(disabled=["quant-q6_k"])
+    out = tmp_path / "out.gguf"
+    with pytest.raises(TesseraError) as raised:
+        quantize_model(model_f32, out, "Q4_K_M", runtime)
+    assert str(raised.value) == (
+        "Q4_K_M needs quant type Q6_K, which no installed plugin provides; install the "
+        "plugin that registers it or choose another type"
+    )
+    assert not out.exists() and os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
@@ -123,10 +150,10 @@ def test_quantized_source_is_dequantized_then_quantized(tmp_path, model_f32):
 
 def test_rows_that_do_not_fit_fall_back_like_llama_cpp(tmp_path):
     src = make_gguf(tmp_path / "odd.gguf", "llama", n_embd=256, n_ff=320, n_layer=1)
-    result = quantize_model(src, tmp_path / "out.gguf", "q4_k", RUNTIME, pure=True)
-    # ffn_down has rows of 320 values: no 256-blocks; llama.cpp's Q5_0 is not installed,
-    # so Q8_0 (32-blocks) takes it
+    result = quantize_model(src, tmp_path / "out.gguf", "q6_k", RUNTIME, pure=True)
+    # ffn_down has rows of 320 values: no 256-blocks; llama.cpp's fallback for Q6_K is Q8_0
     assert result["types"]["blk.0.ffn_down.weight"] == "Q8_0"
+    assert read_gguf(tmp_path / "out.gguf").tensors["blk.0.ffn_down.weight"].ggml_type == 8
     assert result["fallbacks"] == ["blk.0.ffn_down.weight"]
     load_model(tmp_path / "out.gguf", RUNTIME, "numpy")
 
@@ -181,16 +208,16 @@ def test_cli_prints_sizes_and_errors_in_one_line(tmp_path, model_f32, capsys):
 
 def test_moe_routers_stay_f32_and_stacked_experts_are_quantized(tmp_path):
     src = make_gguf(tmp_path / "moe.gguf", "qwen3moe", n_embd=256, n_ff_exp=64, n_layer=1)
-    result = quantize_model(src, tmp_path / "q4k.gguf", "q4_k", RUNTIME, pure=True)
+    result = quantize_model(src, tmp_path / "q6k.gguf", "q6_k", RUNTIME, pure=True)
     # llama-quantize never quantizes the router; 3-D expert stacks follow the row rules
     assert result["types"]["blk.0.ffn_gate_inp.weight"] == "F32"
-    assert result["types"]["blk.0.ffn_gate_exps.weight"] == "Q4_K"  # rows of 256
+    assert result["types"]["blk.0.ffn_gate_exps.weight"] == "Q6_K"  # rows of 256
     assert result["types"]["blk.0.ffn_down_exps.weight"] == "Q8_0"  # rows of 64: fallback
-    out = read_gguf(tmp_path / "q4k.gguf").tensors["blk.0.ffn_gate_exps.weight"]
-    q4_k = RUNTIME.quant_type_by_name("Q4_K")
+    out = read_gguf(tmp_path / "q6k.gguf").tensors["blk.0.ffn_gate_exps.weight"]
+    q6_k = RUNTIME.quant_type_by_name("Q6_K")
     assert out.shape == read_gguf(src).tensors["blk.0.ffn_gate_exps.weight"].shape
-    assert out.data.size == out.shape[0] * out.shape[1] * q4_k.row_bytes(out.shape[2])
-    load_model(tmp_path / "q4k.gguf", RUNTIME, "numpy")
+    assert out.data.size == out.shape[0] * out.shape[1] * q6_k.row_bytes(out.shape[2])
+    load_model(tmp_path / "q6k.gguf", RUNTIME, "numpy")
 
 
 def test_an_output_folder_that_does_not_exist_is_refused_not_created(tmp_path, model_f32, capsys):
