@@ -48,7 +48,7 @@ class RawTensor:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return int(np.prod(self.shape))  # () -> 1
 
 
 @attrs.frozen
@@ -97,17 +97,17 @@ class _Cursor:
         if self.pos + n > self.size:
             raise _Corrupt(f"{what} at byte {self.pos} runs past the end of the file")
 
-    def u32(self, what: str) -> int:
-        self._need(4, what)
-        (value,) = _U32.unpack_from(self.buf, self.pos)
-        self.pos += 4
+    def _int(self, fmt: struct.Struct, what: str) -> int:
+        self._need(fmt.size, what)
+        (value,) = fmt.unpack_from(self.buf, self.pos)
+        self.pos += fmt.size
         return value
 
+    def u32(self, what: str) -> int:
+        return self._int(_U32, what)
+
     def u64(self, what: str) -> int:
-        self._need(8, what)
-        (value,) = _U64.unpack_from(self.buf, self.pos)
-        self.pos += 8
-        return value
+        return self._int(_U64, what)
 
     def name(self, what: str) -> str:
         """A key or tensor name: a string that must be valid UTF-8."""
@@ -124,8 +124,7 @@ class _Cursor:
         """One value of ``value_type``: a Python scalar, str, or (nested) list."""
         if value_type == self.array_type:
             item_type = self.u32(what)
-            count = self.u64(what)
-            return self.array(item_type, count, what)
+            return self.array(item_type, self.u64(what), what)
         return self.array(value_type, 1, what)[0]
 
     def array(self, item_type: int, count: int, what: str) -> list[Any]:
@@ -144,8 +143,7 @@ class _Cursor:
 
     def strings(self, count: int, what: str) -> list[str]:
         """``count`` strings (u64 length + bytes each), decoded in one tight loop."""
-        buf, pos, size = self.buf, self.pos, self.size
-        unpack = _U64.unpack_from
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
         out: list[str] = []
         append = out.append
         for _ in range(count):
@@ -228,7 +226,6 @@ def _read_tensor_infos(cur: _Cursor, tensor_count: int) -> list[tuple[str, int, 
     """``(name, ggml_type, shape in numpy order, offset in the data section)`` per tensor."""
     from gguf import GGUFValueType
 
-    uint64 = int(GGUFValueType.UINT64)
     infos = []
     names: set[str] = set()
     for i in range(tensor_count):
@@ -237,7 +234,7 @@ def _read_tensor_infos(cur: _Cursor, tensor_count: int) -> list[tuple[str, int, 
             raise _Corrupt(f"tensor '{name}' appears twice")
         names.add(name)
         n_dims = cur.u32(f"the rank of '{name}'")
-        ne = cur.array(uint64, n_dims, f"the shape of '{name}'")
+        ne = cur.array(int(GGUFValueType.UINT64), n_dims, f"the shape of '{name}'")
         ggml_type = cur.u32(f"the type of '{name}'")
         offset = cur.u64(f"the offset of '{name}'")
         infos.append((name, ggml_type, tuple(reversed(ne)), offset))
@@ -277,9 +274,8 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 
     Metadata values are Python ``int`` / ``float`` (FLOAT32 widened exactly) / ``bool`` /
     ``str`` or lists of them; an array of arrays stays a list of lists. Big-endian files
-    are refused. A tensor of a GGML type id the ``gguf`` package does not know is not an
-    error here: its ``data`` runs up to the next tensor's start (padding included) or to
-    the end of the file, and the loader names the unknown type.
+    are refused. A tensor of a GGML type the ``gguf`` package does not know is read up to
+    the next tensor's start or the file's end (:func:`_tensor_ends`); the loader names it.
     """
     path = Path(path)
     _check_header(path)

@@ -144,7 +144,7 @@ def test_sentence_transformers_dense_module_is_applied_after_pooling(tmp_path):
     """A BERT sentence-transformers folder with a Dense projection: mean pool, then W."""
     import json
 
-    from tessera.testing.models import write_sentence_transformers_modules
+    from tessera.testing.sentence_transformers import write_sentence_transformers_modules
 
     folder, model = make_bert_hf_dir(tmp_path / "st-dense", seed=3)
     w = torch.randn(32, 64) * 0.1

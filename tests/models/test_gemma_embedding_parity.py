@@ -20,7 +20,8 @@ from tessera.errors import TesseraError
 from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
 from tessera.plugins.cmd.convert import convert_hf_to_gguf
-from tessera.testing.models import WEIGHT_STD, write_sentence_transformers_modules
+from tessera.testing.models import WEIGHT_STD
+from tessera.testing.sentence_transformers import write_sentence_transformers_modules
 
 RUNTIME = Runtime()
 BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
