@@ -185,6 +185,13 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
         sys.stdout.write(decoder.feed(token))
         sys.stdout.flush()
     sys.stdout.write(decoder.flush() + "\n")
+    wanted = args.n_predict < 0 or stats.n_generated < args.n_predict
+    if wanted and len(prompt) + stats.n_generated >= ctx.n_ctx:
+        print(
+            f"note: generation stopped after {stats.n_generated} tokens because the context "
+            f"({ctx.n_ctx} tokens) is full; raise -c for longer output",
+            file=sys.stderr,
+        )
     if not args.no_timings:
         print(
             f"prompt: {stats.n_prompt} tokens, {stats.prompt_tps:.1f} t/s | "

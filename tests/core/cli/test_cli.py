@@ -69,8 +69,10 @@ def _rewrite(src, dst, *, arch=None, retype=None):
     tensors = []
     for t in gguf.tensors.values():
         if retype and t.name == retype[0]:
-            # a Q5_K tensor: 176 bytes per block of 256 values
-            n_bytes = t.n_elements // 256 * 176
+            from gguf import GGML_QUANT_SIZES
+
+            block_size, type_size = GGML_QUANT_SIZES[retype[1]]
+            n_bytes = t.n_elements // block_size * type_size
             t = RawTensor(t.name, retype[1], t.shape, np.zeros(n_bytes, dtype=np.uint8))
         tensors.append(t)
     write_gguf(dst, metadata, tensors)
@@ -88,11 +90,12 @@ def test_unknown_architecture_lists_the_supported_ones(capsys, tmp_path, tiny_gg
 
 def test_unknown_quant_type_names_the_type_and_tensor(capsys, tmp_path):
     src = make_gguf(tmp_path / "wide.gguf", "llama", n_embd=256, n_ff=256)
-    path = _rewrite(src, tmp_path / "q5k.gguf", retype=("blk.0.ffn_up.weight", 13))
+    # Q8_1 (GGML type 9) is ggml's intermediate for dot products, never a file's type
+    path = _rewrite(src, tmp_path / "q8_1.gguf", retype=("blk.0.ffn_up.weight", 9))
     code, _, err = run_cli(capsys, "run", "-m", str(path), "-p", "hi")
     line = error_line(err)
     assert code == 1
-    assert "unknown tensor type Q5_K" in line and "blk.0.ffn_up.weight" in line
+    assert "unknown tensor type Q8_1" in line and "blk.0.ffn_up.weight" in line
     assert "Q4_0" in line  # names the installed ones
 
 
@@ -116,6 +119,15 @@ def test_run_generates_exactly_n_tokens_greedily(capsys, tiny_gguf):
     assert "generation: 12 tokens" in err
     code, out2, _ = run_cli(capsys, *args, "--backend", "numpy")
     assert out1 == out2  # greedy is deterministic
+
+
+def test_a_generation_cut_by_a_full_context_says_so(capsys, tiny_gguf):
+    args = ["run", "-m", str(tiny_gguf), "-p", "The for statement", "--temp", "0", "-c", "16"]
+    code, _, err = run_cli(capsys, *args, "-n", "100", "--backend", "numpy")
+    assert code == 0, err
+    assert "because the context (16 tokens) is full; raise -c" in err
+    code, _, err = run_cli(capsys, *args, "-n", "3", "--backend", "numpy")
+    assert code == 0 and "is full" not in err
 
 
 def test_plugins_lists_plugins_ops_and_kernels(capsys):
