@@ -17,7 +17,8 @@ least squares; then 15 trial scales ``max / (k - 127)``, k = -7..7, each refitte
 when ``sumqx**2 / sumq2`` grows. Codes are the nearest table entries (ggml's
 ``best_index_int8``). IQ4_NL stores the group scale; IQ4_XS scales the groups by
 ``d = -max_scale / 32`` and 6-bit integers and re-picks the codes against those. Float32
-throughout, sums left to right (:func:`~tessera.plugins.quant.kquant_common.seq_sum`).
+throughout; each group's sums in C's order, with the groups down the columns
+(:func:`~tessera.plugins.quant.kquant_common.column_sum`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ from gguf import GGMLQuantizationType
 
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.plugins.quant.kquant_common import F32, GROUP_MAX_EPS, QK_K, fp16_bytes
+from tessera.plugins.quant.kquant_common import (
+    F32,
+    GROUP_MAX_EPS,
+    QK_K,
+    column_sum,
+    fp16_bytes,
+    nearest_int,
+)
 
 TESSERA_PLUGIN_API = 2
 
@@ -67,13 +75,6 @@ def best_index(x: np.ndarray) -> np.ndarray:
     return INDEX_BY_HALF[np.floor(halves).astype(np.int32) + 256]
 
 
-def ggml_nearest_int(x: np.ndarray) -> np.ndarray:
-    """ggml's ``nearest_int`` bit for bit, out-of-range inputs included (NaN gives 0,
-    infinities -4194304): add 1.5 * 2**23 in float32, keep the low mantissa bits."""
-    shifted = (x.astype(F32) + F32(12582912)).astype(F32)
-    return (shifted.view(np.int32) & 0x007FFFFF) - 0x00400000
-
-
 def first_largest(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per row, the first value of largest magnitude and that magnitude, NaNs skipped, as
     C's ``if (fabsf(v) > amax)`` scan from 0 finds them (0, 0 for a row without any)."""
@@ -83,15 +84,6 @@ def first_largest(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     amax = np.take_along_axis(magnitude, pick, axis=1)[:, 0]
     peak = np.where(amax > 0, np.take_along_axis(values, pick, axis=1)[:, 0], F32(0))
     return peak.astype(F32), amax
-
-
-def column_sum(a: np.ndarray) -> np.ndarray:
-    """Float32 sum over axis 0, first row to last, as a C ``for`` loop adds (one vector add
-    per row: much faster than ``np.cumsum`` along short rows)."""
-    total = a[0].copy()
-    for row in a[1:]:
-        total += row
-    return total
 
 
 def _sums(xt: np.ndarray, wt: np.ndarray, inv_scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +141,7 @@ def quantize_xs(x: np.ndarray) -> np.ndarray:
     scales = group_scales(groups).reshape(-1, XS_GROUPS)
     d = -first_largest(scales)[0] / F32(32)
     with np.errstate(invalid="ignore", over="ignore"):
-        ls = np.clip(ggml_nearest_int(_inverse(d)[:, None] * scales), -32, 31)
+        ls = np.clip(nearest_int(_inverse(d)[:, None] * scales), -32, 31)
         dl = (d[:, None] * ls.astype(F32)).reshape(-1)
         codes = best_index(_inverse(dl)[:, None] * groups)
     ls = (ls + 32).astype(np.uint16)
