@@ -20,13 +20,14 @@ from tessera.files.gguf import read_gguf
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
 from tessera.plugins.cmd.quantize import quantize_model
-from tessera.plugins.cmd.quantize_types import file_type
+from tessera.plugins.cmd.quantize_types import FILE_TYPES, file_type
 from tessera.testing import make_gguf
 
 RUNTIME = Runtime()
 DATA = Path(__file__).resolve().parents[2] / "data"
 KQUANTS = DATA / "kquants"
 MIXES = DATA / "quants" / "mixes"
+LLAMA_FILE_TYPES = [name for name, f in FILE_TYPES.items() if f.number < 200]
 PROMPT = list(range(3, 200, 7))
 # Max abs logit difference to the F32 model, relative to the F32 logits' std, on a random
 # n_embd=256 model (measured: f16 0.003, bf16 0.02, q8_0 0.08, q6_k 0.22, fp8 0.47,
@@ -97,14 +98,23 @@ def test_default_mix_follows_llama_cpp(tmp_path, model_f32):
     assert q8["output.weight"] == "Q8_0"
 
 
-@pytest.mark.parametrize("ftype", ["Q8_0", "Q4_0", "Q6_K", "F16", "BF16", "F32"])
-def test_the_default_model_gets_llama_quantize_s_types(tmp_path, ftype):
+def bundled(name: str) -> Path:
+    return default_model_path().with_name(f"{name}.gguf")
+
+
+@pytest.mark.parametrize(
+    "model, ftype",
+    [("tessera-default", f) for f in LLAMA_FILE_TYPES]
+    + [("tessera-moe", f) for f in ("MXFP4_MOE", "Q4_K_M", "Q3_K_L")],
+)
+def test_the_bundled_models_get_llama_quantize_s_types(tmp_path, model, ftype):
     """End to end, the written file's types against llama-quantize's on the same file
-    (``n_ff`` 704: Q6_K falls back to Q8_0 there)."""
-    record = json.loads((MIXES / "tessera-default.json").read_text(encoding="utf-8"))
+    (the default model's ``n_ff`` 704 makes the 256-block types fall back; the MoE model is
+    Q8_0, so it is requantized, with 8 experts)."""
+    record = json.loads((MIXES / f"{model}.json").read_text(encoding="utf-8"))
     want = dict(zip(record["names"], record["mixes"][ftype], strict=True))
     out = tmp_path / "out.gguf"
-    quantize_model(default_model_path(), out, ftype, RUNTIME)
+    quantize_model(bundled(model), out, ftype, RUNTIME)
     f = read_gguf(out)
     assert {n: gguf.GGMLQuantizationType(t.ggml_type).name for n, t in f.tensors.items()} == want
     assert f.metadata["general.file_type"] == file_type(ftype).number
@@ -123,12 +133,30 @@ def test_a_type_no_plugin_provides_is_refused_before_writing(tmp_path, model_f32
     assert not out.exists() and os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
-def test_pure_output_is_byte_exact_with_llama_quantize(tmp_path, name):
+QUANTS = DATA / "quants"
+#: (llama-quantize's output, its source, the TYPE it was given) of every --pure vector.
+PURE_VECTORS = [
+    (KQUANTS / f"llama-quantize-pure-{t}.gguf", KQUANTS / "source-f32.gguf", t)
+    for t in ("Q4_K", "Q6_K")
+] + [
+    (QUANTS / f"llama-quantize-pure-{kind}{t}.gguf", QUANTS / f"{source}-f32.gguf", ftype)
+    for kind, source in (("", "source"), ("edge-", "edge"))
+    for t, ftype in [(t, t) for t in ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q5_K", "IQ4_NL",
+                                      "IQ4_XS", "TQ1_0", "TQ2_0")] + [("MXFP4", "MXFP4_MOE")]
+] + [(QUANTS / "llama-quantize-pure-edge-huge-MXFP4.gguf", QUANTS / "edge-huge-f32.gguf",
+      "MXFP4_MOE")]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "theirs, source, ftype",
+    PURE_VECTORS,
+    ids=[f"{v[0].parent.name}-{v[0].stem}" for v in PURE_VECTORS],
+)
+def test_pure_output_is_byte_exact_with_llama_quantize(tmp_path, theirs, source, ftype):
+    """The whole command, fallbacks included (the edge sources' rows of 32)."""
     out = tmp_path / "out.gguf"
-    quantize_model(KQUANTS / "source-f32.gguf", out, name.lower(), RUNTIME, pure=True)
-    ours = read_gguf(out)
-    theirs = read_gguf(KQUANTS / f"llama-quantize-pure-{name}.gguf")
+    quantize_model(source, out, ftype, RUNTIME, pure=True)
+    ours, theirs = read_gguf(out), read_gguf(theirs)
     assert ours.metadata["general.file_type"] == theirs.metadata["general.file_type"]
     assert set(ours.tensors) == set(theirs.tensors)
     for tensor_name, t in theirs.tensors.items():
