@@ -93,7 +93,7 @@ def use_more_bits(i: int, n: int) -> bool:
 
 
 #: A rule returns the tensor's type, or None to keep the file type's default.
-Rule = Callable[[Where], "str | None"]
+Rule = Callable[[Where], str | None]
 
 
 def _attn_output(other: str | None, falcon: str | None = None, experts8: bool = True) -> Rule:
@@ -194,8 +194,8 @@ def choose_types(
     name) triples) for ``ftype``; ``pure`` is its ``--pure`` (no mix, fallbacks still)."""
     model = Model.from_metadata(metadata)
     names = [name for name, _, _ in tensors]
-    walk = _Walk(model, ftype, tied="output.weight" not in names)
-    walk.n_attn_v = sum(category(n) == ATTN_V for n in names)
+    n_attn_v = sum(category(n) == ATTN_V for n in names)
+    walk = _Walk(model, ftype, tied="output.weight" not in names, n_attn_v=n_attn_v)
     types: dict[str, str] = {}
     fallbacks: list[str] = []
     for name, shape, stored in sorted(tensors, key=lambda t: llama_order(t[0])):
