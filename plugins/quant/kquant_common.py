@@ -2,7 +2,8 @@
 the packings several K-types share, and a torch weight that keeps integer codes plus
 per-group scales.
 
-Not an entry point itself; the K-quant plugin modules import it.
+Not an entry point itself; the K-quant plugin modules import it, and the legacy types'
+torch kernels.
 
 Bit-exactness with llama.cpp's reference quantizers rests on three facts, checked against
 ``llama-quantize`` output (tests/data/kquants, tests/data/quants):
@@ -186,3 +187,66 @@ def choose_int4_rows(backend: Any, switch: Switch) -> Choice:
     else:
         rows, why = 16.0, f"decode (fewer than 16 rows) in {backend.dtype}"
     return choose(switch, (rows > 0, why), on=rows, off=0.0)
+
+
+def int4_or_grouped(
+    backend: Any,
+    name: str,
+    switch: Switch,
+    codes: np.ndarray,
+    scale: np.ndarray,
+    offset: np.ndarray,
+    min_rows: float | None = None,
+) -> Any:
+    """The torch weight of a type whose value is ``code * scale - offset`` per group of 32,
+    codes 0..15 ``(n_out, n_groups, 32)``, ``scale`` and ``offset`` ``(n_out, n_groups)``
+    (Q4_K, Q4_1): a :class:`TorchGroupedWeight`, and on the CPU in bf16/f16 a
+    :class:`TorchInt4DenseWeight` instead (``(q - 8) * s + (8 s - offset)`` is ``s * q -
+    offset``: the int4 kernel's form), from ``min_rows`` rows (default: ``switch``'s
+    :func:`choose_int4_rows`, recorded as the backend's path) on its dense copy."""
+    from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
+
+    n_out = codes.shape[0]
+    shape = (n_out, -1, 1)
+    grouped = torch_grouped_weight(backend, codes, scale.reshape(shape), offset.reshape(shape))
+    if backend.torch_device.type != "cpu":
+        return grouped
+    if min_rows is None:  # (the probe passes its own)
+        min_rows = backend.record_path(f"{name} int4 rows", choose_int4_rows(backend, switch)).path
+    ops = int4_ops("cpu")
+    if min_rows <= 0 or ops is None:
+        return grouped
+    dense = grouped.get_rows(np.arange(n_out))  # dequantized once, for prefill
+    packed, sz = pack_int4(
+        codes.reshape(n_out, -1), scale, 8 * scale - offset, backend.torch_device,
+        backend.torch_dtype,
+    )  # fmt: skip
+    return TorchInt4DenseWeight(dense, (ops[1], packed, sz), min_rows)
+
+
+def int4_kernel(qtype: Any, load: Any, switch: Switch, description: str) -> Any:
+    """The torch :class:`~tessera.contract.quant.WeightKernel` of a type loaded by
+    :func:`int4_or_grouped`. Its probe declines on the CPU where the int4 decode path is not
+    used (there a weight dequantized once at load multiplies faster than one dequantized per
+    matmul); elsewhere it runs one tiny matmul of that path against numpy, cached."""
+    from functools import partial
+    from math import inf
+
+    from tessera.contract.quant import WeightKernel, kernel_matches_reference
+    from tessera.plugins.quant.q4_0 import int4_ops
+
+    def supports(backend: Any) -> bool:
+        if getattr(backend, "name", "") != "torch":
+            return False
+        if backend.torch_device.type == "cpu" and (
+            choose_int4_rows(backend, switch).path <= 0 or int4_ops("cpu") is None
+        ):
+            return False
+        cache = backend.probe_cache
+        if qtype.name not in cache:
+            cache[qtype.name] = kernel_matches_reference(
+                backend, qtype, partial(load, min_rows=inf)
+            )
+        return cache[qtype.name]
+
+    return WeightKernel("torch", qtype.name, supports, load, description)

@@ -18,18 +18,34 @@ v / -16``. Codes are ``trunc((x - m) * (1 / d) + 0.5)``, for Q5_0 ``trunc(x * (1
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
+from tessera.plugins.quant.kquant_common import (
+    int4_kernel,
+    int4_or_grouped,
+    torch_grouped_kernel,
+    torch_grouped_weight,
+)
+from tessera.switches import NUMBER, Switch
 
 TESSERA_PLUGIN_API = 2
 
 F32 = np.float32
 BLOCK_SIZE = 32
 HALF = BLOCK_SIZE // 2
+INT4_ROWS = Switch(
+    "TESSERA_Q4_1_INT4_ROWS",
+    "Q4_1 matmuls of fewer rows (default 16, CPU bf16/f16) on torch's int4 kernel, larger "
+    "ones on a dense copy; 0: only the dense copy",
+    NUMBER,
+    off_at=0.0,
+)
 
 
 def _fp16(values: np.ndarray) -> np.ndarray:
@@ -110,6 +126,22 @@ class LegacyFormat:
                 values = d * codes.astype(F32) + lo  # (d * q) + m: gguf's order, for NaNs too
         return values.reshape(*b.shape[:-1], b.shape[-1] // self.type_size * BLOCK_SIZE)
 
+    def load_torch(self, backend: Any, raw: Any, min_rows: float | None = None) -> Any:
+        """Codes as uint8 (Q5_0: int8 ``q - 16``) plus a scale ``d`` and an offset ``-m``
+        per block (:class:`~tessera.plugins.quant.kquant_common.TorchGroupedWeight`); Q4_1
+        on the CPU in bf16/f16 on torch's int4 kernel for decode instead
+        (:func:`~tessera.plugins.quant.kquant_common.int4_or_grouped`)."""
+        n_out = raw.shape[0]
+        d, lo, codes = self.unpack(np.asarray(raw.data).reshape(n_out, -1))
+        codes, d = codes.reshape(n_out, -1, BLOCK_SIZE), d.reshape(n_out, -1, 1)
+        if lo is None:
+            signed = (codes.astype(np.int16) - 16).astype(np.int8)
+            return torch_grouped_weight(backend, signed, d, None)
+        if self.bits == 4:
+            scale, offset = d.reshape(n_out, -1), -lo.reshape(n_out, -1)
+            return int4_or_grouped(backend, self.name, INT4_ROWS, codes, scale, offset, min_rows)
+        return torch_grouped_weight(backend, codes, d, -lo.reshape(d.shape))
+
     def quant_type(self) -> QuantType:
         ggml_type = int(GGMLQuantizationType[self.name])
         return QuantType(
@@ -128,3 +160,25 @@ QUANT_TYPES = {f.name: f.quant_type() for f in FORMATS}
 def tessera_register_quant_types(register):
     for qtype in QUANT_TYPES.values():
         register(qtype)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        int4_kernel(
+            QUANT_TYPES["Q4_1"],
+            Q4_1.load_torch,
+            INT4_ROWS,
+            "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
+        )
+    )
+    for fmt, what in ((Q5_0, "int8 codes + scale"), (Q5_1, "uint8 codes + scale/min")):
+        qtype = QUANT_TYPES[fmt.name]
+        register(
+            torch_grouped_kernel(qtype, fmt.load_torch, f"{what} per 32, dequantized per matmul")
+        )
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(INT4_ROWS)

@@ -14,12 +14,22 @@ groups (:mod:`~tessera.plugins.quant.kquant_fit`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.plugins.quant.kquant_common import F32, QK_K, fp16_bytes, fp16_value, nearest_int
+from tessera.plugins.quant.kquant_common import (
+    F32,
+    QK_K,
+    fp16_bytes,
+    fp16_value,
+    nearest_int,
+    torch_grouped_kernel,
+    torch_grouped_weight,
+)
 from tessera.plugins.quant.kquant_fit import make_qkx2_quants
 from tessera.plugins.quant.kquant_layout import pack_2bit, unpack_2bit
 
@@ -86,6 +96,25 @@ def dequantize(b: np.ndarray) -> np.ndarray:
 Q2_K = QuantType("Q2_K", int(GGMLQuantizationType.Q2_K), QK_K, TYPE_SIZE, quantize, dequantize)
 
 
+def load_torch(backend: Any, raw: Any) -> Any:
+    """2-bit codes as uint8 plus one scale ``d * sc`` and one offset ``dmin * m`` per 16."""
+    n_out = raw.shape[0]
+    scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
+    shape = (n_out, -1, 1)
+    return torch_grouped_weight(
+        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
+    )
+
+
 @hookimpl
 def tessera_register_quant_types(register):
     register(Q2_K)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        torch_grouped_kernel(
+            Q2_K, load_torch, "uint8 codes + scale/min per 16, dequantized per matmul"
+        )
+    )

@@ -18,6 +18,8 @@ a Python loop over the 5 x 16 code positions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -32,6 +34,8 @@ from tessera.plugins.quant.kquant_common import (
     fp16_bytes,
     fp16_value,
     nearest_int,
+    torch_grouped_kernel,
+    torch_grouped_weight,
 )
 from tessera.plugins.quant.kquant_layout import pack_2bit, unpack_2bit
 
@@ -149,6 +153,22 @@ def dequantize(b: np.ndarray) -> np.ndarray:
 Q3_K = QuantType("Q3_K", int(GGMLQuantizationType.Q3_K), QK_K, TYPE_SIZE, quantize, dequantize)
 
 
+def load_torch(backend: Any, raw: Any) -> Any:
+    """Signed 3-bit codes as int8 plus one scale ``d * sc`` per group of 16."""
+    n_out = raw.shape[0]
+    scale, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
+    return torch_grouped_weight(
+        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(n_out, -1, 1), None
+    )
+
+
 @hookimpl
 def tessera_register_quant_types(register):
     register(Q3_K)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        torch_grouped_kernel(Q3_K, load_torch, "int8 codes + scale per 16, dequantized per matmul")
+    )

@@ -17,25 +17,16 @@ Python loop.
 
 from __future__ import annotations
 
-from functools import partial
-from math import inf
 from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from tessera.contract.quant import QuantType, WeightKernel, kernel_matches_reference
+from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.plugins.quant.kquant_common import (
-    F32,
-    QK_K,
-    TorchInt4DenseWeight,
-    choose_int4_rows,
-    torch_grouped_weight,
-)
+from tessera.plugins.quant.kquant_common import F32, QK_K, int4_kernel, int4_or_grouped
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
-from tessera.plugins.quant.q4_0 import int4_ops, pack_int4
 from tessera.switches import NUMBER, Switch
 
 TESSERA_PLUGIN_API = 2
@@ -86,44 +77,14 @@ Q4_K = QuantType("Q4_K", int(GGMLQuantizationType.Q4_K), QK_K, TYPE_SIZE, quanti
 
 def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> Any:
     """4-bit codes as uint8 plus one scale and one offset per group of 32; on the CPU in
-    bf16/f16 instead torch's int4 layout for decode (``(q - 8) * s + (8 s - offset)`` is
-    ``s * q - offset``: the int4 kernel's form with group size 32) next to a dense copy."""
+    bf16/f16 instead torch's int4 layout for decode next to a dense copy
+    (:func:`~tessera.plugins.quant.kquant_common.int4_or_grouped`)."""
     n_out = raw.shape[0]
     scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
-    shape = (n_out, -1, 1)
-    grouped = torch_grouped_weight(
-        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
-    )
-    if backend.torch_device.type != "cpu":
-        return grouped
-    if min_rows is None:  # (the probe passes its own)
-        min_rows = backend.record_path("Q4_K int4 rows", choose_int4_rows(backend, INT4_ROWS)).path
-    ops = int4_ops("cpu")
-    if min_rows <= 0 or ops is None:
-        return grouped
-    dense = grouped.get_rows(np.arange(n_out))  # dequantized once, for prefill
-    scale, offset = scale.reshape(n_out, -1), offset.reshape(n_out, -1)
-    packed, sz = pack_int4(
-        codes.reshape(n_out, -1), scale, 8 * scale - offset, backend.torch_device,
-        backend.torch_dtype,
+    return int4_or_grouped(
+        backend, "Q4_K", INT4_ROWS, codes.reshape(n_out, -1, GROUP), scale.reshape(n_out, -1),
+        offset.reshape(n_out, -1), min_rows,
     )  # fmt: skip
-    return TorchInt4DenseWeight(dense, (ops[1], packed, sz), min_rows)
-
-
-def supports_torch(backend: Any) -> bool:
-    """Probe: on the CPU only where the int4 decode path is used (elsewhere a weight
-    dequantized once at load multiplies faster than one dequantized per matmul); runs one
-    tiny matmul of that path against numpy, cached per backend."""
-    if getattr(backend, "name", "") != "torch":
-        return False
-    if backend.torch_device.type == "cpu" and (
-        choose_int4_rows(backend, INT4_ROWS).path <= 0 or int4_ops("cpu") is None
-    ):
-        return False
-    cache = backend.probe_cache
-    if "Q4_K" not in cache:
-        cache["Q4_K"] = kernel_matches_reference(backend, Q4_K, partial(load_torch, min_rows=inf))
-    return cache["Q4_K"]
 
 
 @hookimpl
@@ -134,12 +95,11 @@ def tessera_register_quant_types(register):
 @hookimpl
 def tessera_register_weight_kernels(register):
     register(
-        WeightKernel(
-            backend="torch",
-            quant_type="Q4_K",
-            supports=supports_torch,
-            load=load_torch,
-            description="uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
+        int4_kernel(
+            Q4_K,
+            load_torch,
+            INT4_ROWS,
+            "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
         )
     )
 

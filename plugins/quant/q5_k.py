@@ -14,12 +14,20 @@ fitted by ``make_qkx2_quants`` with 16 trial scales ``(30.5 + 0.1 * k) / (max - 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.plugins.quant.kquant_common import F32, QK_K, fp16_value
+from tessera.plugins.quant.kquant_common import (
+    F32,
+    QK_K,
+    fp16_value,
+    torch_grouped_kernel,
+    torch_grouped_weight,
+)
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
 
@@ -70,6 +78,25 @@ def dequantize(b: np.ndarray) -> np.ndarray:
 Q5_K = QuantType("Q5_K", int(GGMLQuantizationType.Q5_K), QK_K, TYPE_SIZE, quantize, dequantize)
 
 
+def load_torch(backend: Any, raw: Any) -> Any:
+    """5-bit codes as uint8 plus one scale ``d * sc`` and one offset ``dmin * m`` per 32."""
+    n_out = raw.shape[0]
+    scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
+    shape = (n_out, -1, 1)
+    return torch_grouped_weight(
+        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
+    )
+
+
 @hookimpl
 def tessera_register_quant_types(register):
     register(Q5_K)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(
+        torch_grouped_kernel(
+            Q5_K, load_torch, "uint8 codes + scale/min per 32, dequantized per matmul"
+        )
+    )
