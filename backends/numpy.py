@@ -27,6 +27,7 @@ class NumpyBackend(Backend):
         # attention_rows is implemented as a reference but declined: numpy contexts always
         # run the dense-mask fallback, so that path stays exercised by every numpy test.
         return op.name in CORE_OPS or op.name in (
+            "attention_softcap",
             "rope_ext",
             "tanh",
             "gelu_erf",
@@ -123,12 +124,19 @@ class NumpyBackend(Backend):
         return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(np.float32)
 
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
+        return self.attention_softcap(q, k_cache, v_cache, n_kv, mask, scale, 0.0)
+
+    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap):
+        """Dense attention; with ``softcap > 0`` each score ``s`` is ``softcap * tanh(s /
+        softcap)`` before masking (plain :meth:`attention` is the ``softcap = 0`` case)."""
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         group = n_head // n_head_kv
         k = np.repeat(k_cache[:n_kv], group, axis=1)  # (n_kv, Hq, D)
         v = np.repeat(v_cache[:n_kv], group, axis=1)
         scores = np.einsum("thd,shd->hts", q, k) * np.float32(scale)
+        if softcap:
+            scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
         scores = np.where(mask[None], scores, -np.inf)
         peak = scores.max(axis=-1, keepdims=True)
         peak = np.where(np.isfinite(peak), peak, 0.0)

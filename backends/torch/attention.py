@@ -1,6 +1,7 @@
 """The torch backend's attention: ``attention`` over a dense mask and ``attention_rows`` over
 a ubatch's KV row lists, both on SDPA (``attention_rows`` of a few queries on the native
-kernel), with the mask and index tensors made once per ubatch and reused by every layer."""
+kernel), and ``attention_softcap`` (capped scores) on plain matmuls, with the mask and index
+tensors made once per ubatch and reused by every layer."""
 
 from __future__ import annotations
 
@@ -38,6 +39,25 @@ class AttentionOps:
         if dead is not None:
             # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
             out = out.masked_fill(dead, 0.0)
+        return out.transpose(0, 1).reshape(n_tokens, -1)
+
+    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap):
+        # SDPA cannot cap scores, so the scores are made explicitly: (Hkv, group * T, S)
+        # matmuls give GQA without copying K/V.
+        n_tokens, n_head, _ = q.shape
+        n_head_kv = k_cache.shape[1]
+        allowed, dead = self._mask_tensors(mask)
+        k = k_cache[:n_kv].transpose(0, 1)  # (Hkv, S, D)
+        v = v_cache[:n_kv].transpose(0, 1)
+        qg = q.transpose(0, 1).reshape(n_head_kv, -1, q.shape[-1])  # (Hkv, group * T, D)
+        scores = torch.matmul(qg, k.transpose(1, 2)).float().view(n_head, n_tokens, -1) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[0], float("-inf"))
+        weights = torch.softmax(scores, dim=-1).to(v.dtype)
+        out = torch.matmul(weights.view(n_head_kv, -1, n_kv), v).view(n_head, n_tokens, -1)
+        if dead is not None:
+            out = out.masked_fill(dead, 0.0)  # softmax over no cell gives NaN: zeros instead
         return out.transpose(0, 1).reshape(n_tokens, -1)
 
     def _mask_tensors(self, mask: np.ndarray) -> tuple[Any, Any]:

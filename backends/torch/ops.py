@@ -71,7 +71,7 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         if op.name in ("rope", "rope_ext"):
             n_rot, head_dim = op.get("n_rot", 0), op.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
-        if op.name in ("attention", "attention_rows"):
+        if op.name in ("attention", "attention_rows", "attention_softcap"):
             n_head, n_head_kv = op.get("n_head", 1), op.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
         return True

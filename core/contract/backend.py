@@ -57,6 +57,7 @@ CORE_OPS = (
 #: core calls instead when the probe declines them.
 OPTIONAL_OPS = (
     "attention_rows",
+    "attention_softcap",
     "set_n",
     "get_n",
     "copy_n",

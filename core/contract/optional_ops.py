@@ -37,6 +37,27 @@ class OptionalOps:
         # a subclass both implements it and says so in supports().
         raise NotImplementedError(f"backend {self.name} does not implement attention_rows")
 
+    def attention_softcap(
+        self,
+        q: Any,
+        k_cache: Any,
+        v_cache: Any,
+        n_kv: int,
+        mask: np.ndarray,
+        scale: float,
+        softcap: float,
+    ) -> Any:
+        """Optional: :meth:`attention` with the scores soft-capped before the mask and softmax.
+
+        Each score ``s = scale * q.k`` becomes ``softcap * tanh(s / softcap)`` (Gemma 2's
+        ``attn_logit_softcapping``; ggml caps the same place). Arguments, masking, GQA and
+        the zeros of a query with no allowed cell are those of :meth:`attention`. Backends
+        that implement it answer True to ``supports(op)`` for ``op.name ==
+        "attention_softcap"``; the default declines.
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not implement attention_softcap")
+
     def rope_ext(
         self,
         x: Any,

@@ -89,8 +89,19 @@ class KVView:
             self._built[key] = self.cache.rows(self.positions, self.seq_ids, self.n_kv, window)
         return self._built[key]
 
-    def attend(self, backend: Any, il: int, q: Any, scale: float, window: int = 0) -> Any:
-        """Attention of ``q`` (T, Hq, D) over layer ``il``'s cache on this view's path."""
+    def attend(
+        self, backend: Any, il: int, q: Any, scale: float, window: int = 0, softcap: float = 0.0
+    ) -> Any:
+        """Attention of ``q`` (T, Hq, D) over layer ``il``'s cache on this view's path.
+
+        With ``softcap > 0`` the scores are capped (backend op ``attention_softcap``, which
+        the architecture lists in its ``required_ops``); that op has a dense mask only, so
+        capped attention takes it on either path.
+        """
+        if softcap:
+            mask = self.mask_for(window)
+            k, v = self.k[il], self.v[il]
+            return backend.attention_softcap(q, k, v, self.n_kv, mask, scale, softcap)
         if self.path == "rows":
             return backend.attention_rows(q, self.k[il], self.v[il], self.rows_for(window), scale)
         return backend.attention(q, self.k[il], self.v[il], self.n_kv, self.mask_for(window), scale)

@@ -1,5 +1,6 @@
-"""Conformance cases of ``attention`` over a dense mask and of ``attention_rows`` (an optional
-op) over the row lists of a real :class:`tessera.engine.kv_cache.KVCache`.
+"""Conformance cases of ``attention`` over a dense mask (and of ``attention_softcap``, the same
+with capped scores), and of ``attention_rows`` (an optional op) over the row lists of a real
+:class:`tessera.engine.kv_cache.KVCache`.
 
 Cells that must not be read (past ``n_kv``, freed, of other sequences) hold NaN, so an op
 that reads them fails; queries with nothing to see must give zeros."""
@@ -30,19 +31,26 @@ def _masked_rows_zero(got: np.ndarray, args: dict[str, Any]) -> str | None:
     return "a query with no visible cell did not give zeros" if np.any(got[dead] != 0) else None
 
 
-def attention_cases() -> list[Case]:
+#: The cap of ``attention_softcap`` cases: near the scores' spread, so tanh really bends them.
+SOFTCAP = 1.5
+
+
+def attention_cases(op: str = "attention") -> list[Case]:
+    """Cases of ``attention``, or with ``op="attention_softcap"`` the same with capped scores."""
     cases = []
     n_tokens, n_cells, n_kv, n_head_kv, head_dim = 5, 16, 12, 2, 32
     shapes = [(g, head_dim) for g in (1, 2, 4)] + [(2, 16)]
+    softcap = SOFTCAP if op == "attention_softcap" else 0.0
     for kind in ("causal", "multi", "masked-row"):
         for group, dim_v in shapes:
             n_head = n_head_kv * group
             mask = _attention_mask(kind, n_tokens, n_kv)
             dv = f"-Dv{dim_v}" if dim_v != head_dim else ""
+            cap = f"-cap{softcap:g}" if softcap else ""
             cases.append(
                 Case(
-                    f"attention-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}",
-                    "attention",
+                    f"{op}-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}{cap}",
+                    op,
                     {
                         "n_head": n_head,
                         "n_head_kv": n_head_kv,
@@ -54,14 +62,18 @@ def attention_cases() -> list[Case]:
                     lambda rng, h=n_head, dv=dim_v, m=mask: _attention_inputs(
                         rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m
                     ),
-                    lambda b, a: b.attention(
-                        a["q"], a["k"], a["v"], n_kv, a["mask"], 1.0 / np.sqrt(head_dim)
-                    ),
+                    lambda b, a: _call_attention(b, a, n_kv, 1.0 / np.sqrt(head_dim), softcap),
                     (n_tokens, n_head * dim_v),
                     _masked_rows_zero,
                 )
             )
     return cases
+
+
+def _call_attention(b: Any, a: dict[str, Any], n_kv: int, scale: float, softcap: float) -> Any:
+    if softcap:
+        return b.attention_softcap(a["q"], a["k"], a["v"], n_kv, a["mask"], scale, softcap)
+    return b.attention(a["q"], a["k"], a["v"], n_kv, a["mask"], scale)
 
 
 def _attention_inputs(rng, n_tokens, n_head, n_head_kv, head_dim, dim_v, n_cells, n_kv, mask):

@@ -11,6 +11,7 @@ ratios 1/2/4, several sequences in one mask, a query with no visible cell, and K
 past ``n_kv`` filled with NaN (an op that reads them fails). ``attention_rows`` cases
 (an optional op) use real row lists from :meth:`tessera.engine.kv_cache.KVCache.rows`: ragged
 sequences, padding, a sequence with nothing to see yet, GQA and a sliding window.
+``attention_softcap`` cases are the ``attention`` ones with the scores capped.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *transfer_cases(),
         *rope_ext_cases(),
         tanh_case(),
+        *attention_cases("attention_softcap"),
         *moe_ffn_cases(qtypes),
         *linear_cases(qtypes),
         *matmul_n_cases(qtypes),
