@@ -81,14 +81,14 @@ class NumpyBackend(Backend):
     def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
         return self.rope_ext(x, positions, n_rot, freq_base, neox, freq_scale, None)
 
-    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
+    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors, mscale=1.0):
         half = n_rot // 2
         inv_freq = freq_base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
         if freq_factors is not None:
             inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
         angle = np.asarray(positions, dtype=np.float64)[:, None] * freq_scale * inv_freq
-        cos = np.cos(angle).astype(np.float32)[:, None, :]  # (T, 1, half)
-        sin = np.sin(angle).astype(np.float32)[:, None, :]
+        cos = (np.cos(angle) * mscale).astype(np.float32)[:, None, :]  # (T, 1, half)
+        sin = (np.sin(angle) * mscale).astype(np.float32)[:, None, :]
         out = x.copy()
         if neox:
             a, b = x[..., :half], x[..., half:n_rot]

@@ -25,8 +25,10 @@ class RopeOps:
         freq_base: float,
         freq_scale: float,
         freq_factors: np.ndarray | None = None,
+        mscale: float = 1.0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``(T, 1, n_rot/2)`` in the compute dtype, cached for the last positions.
+        """cos/sin ``(T, 1, n_rot/2)`` (times ``mscale``) in the compute dtype, cached for the
+        last positions.
 
         Every layer of a forward pass rotates at the same positions, so the table is built
         once per ubatch; angles are computed in float64 (positions reach 1e5 and more).
@@ -34,7 +36,7 @@ class RopeOps:
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         factors = None if freq_factors is None else np.asarray(freq_factors, np.float64)
         factors_key = None if factors is None else factors.tobytes()
-        key = (pos.tobytes(), n_rot, freq_base, freq_scale, factors_key)
+        key = (pos.tobytes(), n_rot, freq_base, freq_scale, factors_key, mscale)
         table = self._rope_tables.get(key)
         if table is None:
             freq_key = (n_rot, freq_base, freq_scale, factors_key)
@@ -47,7 +49,7 @@ class RopeOps:
             angle = torch.from_numpy(pos).double()[:, None] * self._inv_freq[freq_key]
             table = tuple(
                 t.to(device=self.torch_device, dtype=self.torch_dtype)[:, None, :]
-                for t in (angle.cos(), angle.sin())
+                for t in (angle.cos() * mscale, angle.sin() * mscale)
             )
             if len(self._rope_tables) >= 8:  # a few rope configs per model, one ubatch each
                 self._rope_tables.pop(next(iter(self._rope_tables)))
@@ -57,8 +59,8 @@ class RopeOps:
     def rope(self, x, positions, n_rot, freq_base, neox, freq_scale=1.0):
         return self.rope_ext(x, positions, n_rot, freq_base, neox, freq_scale, None)
 
-    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors):
-        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors)
+    def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors, mscale=1.0):
+        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors, mscale)
         native = self._native() if x.numel() < NATIVE_SMALL_OP_VALUES and x.dim() == 3 else None
         if native is not None:
             return native.rope(x, cos, sin, n_rot, neox)  # decode: one C call

@@ -66,14 +66,19 @@ class OptionalOps:
         freq_base: float,
         neox: bool,
         freq_scale: float,
-        freq_factors: np.ndarray,
+        freq_factors: np.ndarray | None,
+        mscale: float = 1.0,
     ) -> Any:
-        """Optional: :meth:`rope` with a divisor per rotated pair (GGML's ``ggml_rope_ext``).
+        """Optional: :meth:`rope` with a divisor per rotated pair and a magnitude scale
+        (GGML's ``ggml_rope_ext``).
 
         Pair ``i`` turns by ``pos * freq_scale * freq_base ** (-2i / n_rot) / freq_factors[i]``;
-        ``freq_factors`` is float32 ``(n_rot / 2,)``. A huge factor leaves a pair unrotated,
-        which is how GGUF files store Gemma 4's proportional (partial) RoPE in
-        ``rope_freqs.weight``. Backends that implement it answer True to
+        ``freq_factors`` is float32 ``(n_rot / 2,)`` or None (all 1). A huge factor leaves a
+        pair unrotated, which is how GGUF files store Gemma 4's proportional (partial) RoPE
+        in ``rope_freqs.weight``; YaRN and LongRoPE are per-pair factors too. ``mscale``
+        multiplies the rotated values (GGML's ``attn_factor``: cos and sin are scaled),
+        never the ``head_dim - n_rot`` values that pass through; callers pass it by keyword
+        and only when it is not 1. Backends that implement it answer True to
         ``supports(op)`` for ``op.name == "rope_ext"``; the default declines.
         """
         # An optional op: the default probe declines it (see attention_rows).

@@ -1,11 +1,14 @@
-"""The ``llama`` architecture family: Llama, Qwen2 and Qwen3 (GGUF and Hugging Face).
+"""The ``llama`` architecture family: Llama, Qwen2 and Qwen3 (GGUF and Hugging Face), and
+the base of the family's other members (Mistral, SmolLM3, Granite, OLMo 2, Phi-3), which
+register from their own modules.
 
-One pre-norm decoder: RMSNorm -> attention with GQA and RoPE -> residual -> RMSNorm ->
-SwiGLU FFN -> residual. The family members differ only in small facts this module reads
-from metadata: Qwen2 adds Q/K/V biases, Qwen3 normalizes Q and K per head (QK-norm), and
-GGUF ``llama`` files store Q/K rows permuted for GGML's normal-mode RoPE while every other
-case uses NeoX-style RoPE on unpermuted weights. The config, its GGUF keys and HF fields and
-the HF tensor names are declared in :mod:`tessera.models.llama.config`.
+One decoder: RMSNorm -> attention with GQA and RoPE -> residual -> RMSNorm -> SwiGLU FFN
+-> residual. The members differ in facts this module reads from metadata: Qwen2 adds Q/K/V
+biases, Qwen3 normalizes Q and K per head (QK-norm), and GGUF ``llama`` files store Q/K
+rows permuted for GGML's normal-mode RoPE while NeoX-style archs and every HF folder use
+unpermuted weights. What each GGUF name fixes is :data:`tessera.models.llama.config.TRAITS`;
+the config, its GGUF keys and HF fields and the HF tensor names are declared in
+:mod:`tessera.models.llama.config`, RoPE scaling in :mod:`tessera.models.llama.rope`.
 """
 
 from __future__ import annotations
@@ -13,32 +16,39 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from tessera.contract.arch import (
-    Architecture,
-    KVLayerLayout,
-    check_tensors,
-    metadata_key,
-)
+import numpy as np
+
+from tessera.contract.arch import Architecture, KVLayerLayout, check_tensors
 from tessera.contract.names import (
+    TensorNames,
     default_head_dims,
     fields_from_gguf,
     fields_from_hf,
     fields_to_gguf,
     tensors_from_hf,
 )
-from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
-from tessera.models.llama.config import ARCHS, CONFIG_FIELDS, HF_NAMES, LlamaConfig
+from tessera.models.llama import rope
+from tessera.models.llama.config import (
+    CONFIG_FIELDS,
+    HF_NAMES,
+    TRAITS,
+    LlamaConfig,
+    nope_layers,
+)
 from tessera.models.llama.graph import LlamaGraph
+from tessera.models.llama.shapes import tensor_shapes
 
 TESSERA_PLUGIN_API = 2
 
 
 class LlamaArchitecture(Architecture):
-    names = ARCHS
-    hf_model_types = ARCHS
+    names: tuple[str, ...] = ("llama", "qwen2", "qwen3")
+    hf_model_types: tuple[str, ...] = ("llama", "qwen2", "qwen3")
     #: The HF tensor names it maps (the MoE architectures extend them).
-    hf_names = HF_NAMES
+    hf_names: TensorNames = HF_NAMES
+    #: HF ``model_type`` -> GGUF architecture, where they differ.
+    gguf_arch: Mapping[str, str] = {}
 
     def config_from_gguf(
         self, metadata: Mapping[str, Any], tensor_shapes: Mapping[str, tuple[int, ...]]
@@ -46,93 +56,94 @@ class LlamaArchitecture(Architecture):
         arch = metadata["general.architecture"]
         if arch == "llama" and metadata.get("llama.expert_count"):  # Mixtral: routed experts
             return _moe_architecture().config_from_gguf(metadata, tensor_shapes)
+        t = TRAITS[arch]
         fields = default_head_dims(fields_from_gguf(CONFIG_FIELDS, metadata, arch))
+        fields |= fields_from_gguf(t.fields, metadata, arch)
         n_vocab = (
             fields["n_vocab"]
             or tensor_shapes.get(
                 "token_embd.weight", (len(metadata.get("tokenizer.ggml.tokens", [])),)
             )[0]
         )
-        scale = 1.0
-        if metadata.get(f"{arch}.rope.scaling.type", "none") == "linear":
-            scale = 1.0 / float(metadata_key(metadata, arch, "rope.scaling.factor"))
+        freq_scale, scaling = rope.rope_scaling_from_gguf(metadata, arch, tensor_shapes)
         # block_count counts the MTP (NextN) blocks stored after the main ones
         n_layer = fields["n_layer"] - fields["n_nextn"]
         return LlamaConfig(
-            **fields | {"n_vocab": int(n_vocab), "n_layer": n_layer},
+            **fields
+            | {
+                "n_vocab": int(n_vocab),
+                "n_layer": n_layer,
+                "n_rot": fields["n_rot"] or fields["head_dim"],
+            },
             arch=arch,
-            rope_freq_scale=scale,
-            rope_neox=arch != "llama",
-            attn_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
+            rope_freq_scale=freq_scale,
+            rope_scaling=scaling,
+            rope_neox=t.rope_neox,
+            attn_bias=t.attn_bias or "blk.0.attn_q.bias" in tensor_shapes,
+            qk_norm=t.qk_norm,
+            qk_norm_full=t.qk_norm_full,
+            post_norms=t.post_norms,
+            fused=t.fused,
+            nope_layers=nope_layers(t.nope_step, n_layer),
             tied_embeddings="output.weight" not in tensor_shapes,
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> LlamaConfig:
-        arch = hf["model_type"]
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "linear"):
-            raise ModelFileError(
-                f"RoPE scaling type '{rope_type}' is not supported yet by the llama "
-                "architecture plugin; use a model with default or linear RoPE"
-            )
-        return LlamaConfig(
-            **default_head_dims(fields_from_hf(CONFIG_FIELDS, hf)),
-            arch=arch,
-            rope_freq_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            rope_freq_scale=1.0 / float(rope.get("factor", 1.0)) if rope_type == "linear" else 1.0,
-            rope_neox=True,
-            attn_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+        arch = self.gguf_arch.get(hf["model_type"], hf["model_type"])
+        t = TRAITS[arch]
+        fields = default_head_dims(fields_from_hf(CONFIG_FIELDS, hf))
+        fields |= fields_from_hf(t.fields, hf) | self.hf_fields(hf, fields)
+        fields.setdefault("n_rot", fields["head_dim"])
+        base = float(
+            (hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0))
         )
+        freq_scale, scaling = rope.rope_scaling_from_hf(hf, fields["n_rot"], base)
+        return LlamaConfig(
+            **fields,
+            arch=arch,
+            rope_freq_base=base,
+            rope_freq_scale=freq_scale,
+            rope_scaling=scaling,
+            rope_neox=True,  # HF weights are unpermuted
+            attn_bias=t.attn_bias or bool(hf.get("attention_bias", False)),
+            qk_norm=t.qk_norm,
+            qk_norm_full=t.qk_norm_full,
+            post_norms=t.post_norms,
+            fused=t.fused,
+        )
+
+    def hf_fields(self, hf: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+        """A member's own ``config.json`` facts (sliding window, NoPE layers ...) as config
+        fields; ``fields`` are those read so far. The default has none."""
+        return {}
 
     def gguf_metadata(self, c: LlamaConfig) -> dict[str, Any]:
         a = c.arch
         meta = {"general.architecture": a, **fields_to_gguf(CONFIG_FIELDS, c, a)}
+        meta |= fields_to_gguf(TRAITS[a].fields, c, a)
         meta[f"{a}.block_count"] = c.n_layer + c.n_nextn  # the MTP blocks follow the main ones
-        if c.rope_freq_scale != 1.0:
-            meta[f"{a}.rope.scaling.type"] = "linear"
-            meta[f"{a}.rope.scaling.factor"] = 1.0 / c.rope_freq_scale
+        meta |= rope.rope_scaling_to_gguf(c.rope_freq_scale, c.rope_scaling, a)
         return meta
 
     def tensor_shapes(self, c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-        q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.n_vocab, c.n_embd)}
-        for i in range(c.n_layer):
-            p = f"blk.{i}."
-            shapes[p + "attn_norm.weight"] = (c.n_embd,)
-            shapes[p + "attn_q.weight"] = (q_dim, c.n_embd)
-            shapes[p + "attn_k.weight"] = (kv_dim, c.n_embd)
-            shapes[p + "attn_v.weight"] = (kv_dim, c.n_embd)
-            if c.attn_bias:
-                shapes[p + "attn_q.bias"] = (q_dim,)
-                shapes[p + "attn_k.bias"] = (kv_dim,)
-                shapes[p + "attn_v.bias"] = (kv_dim,)
-            if c.qk_norm:
-                shapes[p + "attn_q_norm.weight"] = (c.head_dim,)
-                shapes[p + "attn_k_norm.weight"] = (c.head_dim,)
-            shapes[p + "attn_output.weight"] = (c.n_embd, q_dim)
-            shapes[p + "ffn_norm.weight"] = (c.n_embd,)
-            shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
-            shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
-            shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
-        shapes |= nextn_tensor_shapes(c)
-        shapes["output_norm.weight"] = (c.n_embd,)
-        if not c.tied_embeddings:
-            shapes["output.weight"] = (c.n_vocab, c.n_embd)
-        return shapes
+        return tensor_shapes(c)
 
     def tensors_from_hf(
         self, c: LlamaConfig, hf_tensors: Mapping[str, Any], for_gguf: bool
     ) -> Iterator[tuple[str, Any]]:
         skip = ("lm_head.weight",) if c.tied_embeddings else ()
-        return tensors_from_hf(
-            self.hf_names, c, hf_tensors, for_gguf, skip=skip, checkpoint=f"a {c.arch}"
+        yield from tensors_from_hf(
+            self.hf_names_of(c), c, hf_tensors, for_gguf, skip=skip, checkpoint=f"a {c.arch}"
         )
+        yield from rope.factor_tensors(c.rope_scaling)
+
+    def hf_names_of(self, c: LlamaConfig) -> TensorNames:
+        """The HF tensor names of a config's checkpoint (a member may differ by config)."""
+        return self.hf_names
 
     def example_config(self, **overrides: Any) -> LlamaConfig:
-        arch = overrides.get("arch", "llama")
+        arch = overrides.get("arch", self.names[0])
+        t = TRAITS[arch]
         fields = {
             "arch": arch,
             "n_vocab": 256,
@@ -142,24 +153,43 @@ class LlamaArchitecture(Architecture):
             "n_head": 4,
             "n_head_kv": 2,
             "rms_eps": 1e-6 if arch != "llama" else 1e-5,
-            "rope_neox": arch != "llama",
-            "attn_bias": arch == "qwen2",
-            "qk_norm": arch == "qwen3",
+            "rope_neox": t.rope_neox,
+            "attn_bias": t.attn_bias,
+            "qk_norm": t.qk_norm,
+            "qk_norm_full": t.qk_norm_full,
+            "post_norms": t.post_norms,
+            "fused": t.fused,
+            "nope_layers": nope_layers(t.nope_step, overrides.get("n_layer", 2)),
         } | overrides
         fields.setdefault("head_dim", fields["n_embd"] // fields["n_head"])
         return LlamaConfig(**fields)
 
+    def example_tensors(self, c: LlamaConfig) -> dict[str, np.ndarray]:
+        # RoPE divisors are not free weights: a test model's stay between 1 and 4
+        rng = np.random.default_rng(c.n_layer)
+        shapes = rope.factor_shapes(c.rope_scaling, c.n_rot)
+        return {n: rng.uniform(1.0, 4.0, s).astype(np.float32) for n, s in shapes.items()}
+
     def required_ops(self, c: LlamaConfig) -> list[tuple[str, dict[str, Any]]]:
-        return [
+        rot = {"n_rot": c.n_rot, "head_dim": c.head_dim, "neox": c.rope_neox}
+        ops = [
             ("get_rows", {}),
             ("matmul", {}),
             ("add", {}),
             ("rms_norm", {"n": c.n_embd}),
-            ("rope", {"n_rot": c.head_dim, "head_dim": c.head_dim, "neox": c.rope_neox}),
+            ("rope", rot),
             ("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}),
             ("set_rows", {}),
             ("swiglu", {}),
         ]
+        if rope.needs_rope_ext(c.rope_scaling):
+            ops.append(("rope_ext", rot))
+        scales = (c.embedding_scale, c.residual_scale, c.logit_scale)
+        if any(s != 1.0 for s in scales):
+            ops.append(("scale", {}))
+        if c.attn_temp_scale:
+            ops.append(("mul", {}))
+        return ops
 
     def kv_layout(self, c: LlamaConfig) -> list[KVLayerLayout | None]:
         return [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)] * c.n_layer
@@ -186,29 +216,6 @@ def _moe_architecture() -> Architecture:
     from tessera.models.llama.moe import MixtralArchitecture
 
     return MixtralArchitecture()
-
-
-def nextn_tensor_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Tensors of the MTP blocks ``blk.{n_layer + i}``: a full decoder block plus
-    llama.cpp's ``nextn.*`` tensors (the embedding and output head are the model's own)."""
-    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-    shapes: dict[str, tuple[int, ...]] = {}
-    for i in range(c.n_layer, c.n_layer + c.n_nextn):
-        p = f"blk.{i}."
-        shapes[p + "attn_norm.weight"] = (c.n_embd,)
-        shapes[p + "attn_q.weight"] = (q_dim, c.n_embd)
-        shapes[p + "attn_k.weight"] = (kv_dim, c.n_embd)
-        shapes[p + "attn_v.weight"] = (kv_dim, c.n_embd)
-        shapes[p + "attn_output.weight"] = (c.n_embd, q_dim)
-        shapes[p + "ffn_norm.weight"] = (c.n_embd,)
-        shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
-        shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
-        shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
-        shapes[p + "nextn.eh_proj.weight"] = (c.n_embd, 2 * c.n_embd)
-        shapes[p + "nextn.enorm.weight"] = (c.n_embd,)
-        shapes[p + "nextn.hnorm.weight"] = (c.n_embd,)
-        shapes[p + "nextn.shared_head_norm.weight"] = (c.n_embd,)
-    return shapes
 
 
 @hookimpl

@@ -44,6 +44,11 @@ class LlamaTensorParallel:
         self, config: LlamaConfig, rank: int, world_size: int, split_lm_head: bool = True
     ) -> None:
         c, n = config, world_size
+        if c.fused or c.qk_norm_full:
+            raise TesseraError(
+                f"tensor parallel does not split {c.arch} models yet (fused Q/K/V and gate/up "
+                "tensors, or a Q/K norm over all heads); run it without --tp"
+            )
         for what, value in (
             ("query heads", c.n_head),
             ("KV heads", c.n_head_kv),

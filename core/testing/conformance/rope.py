@@ -1,5 +1,6 @@
 """Conformance cases of ``rope`` (both pair layouts, partial rotary dims, positions of
-several sequences and far ones, a frequency scale) and ``rope_ext`` (per-pair divisors)."""
+several sequences and far ones, a frequency scale) and ``rope_ext`` (per-pair divisors, a
+magnitude scale on the rotated part of partially rotated heads)."""
 
 from __future__ import annotations
 
@@ -70,4 +71,23 @@ def rope_ext_cases() -> list[Case]:
                         (7, 4, 64),
                     )
                 )
+    for mode in ("normal", "neox"):
+        # YaRN / LongRoPE: factors and an attention factor; the 32 unrotated values of
+        # each head must pass through unscaled
+        cases.append(
+            Case(
+                f"rope_ext-{mode}-T7-H4-D64-R32-mscale-far",
+                "rope_ext",
+                {"n_rot": 32, "head_dim": 64, "neox": mode == "neox"},
+                lambda rng: {
+                    "x": normal(rng, 7, 4, 64),
+                    "pos": ROPE_POSITIONS["far"],
+                    "ff": rng.uniform(1.0, 16.0, 16).tolist(),
+                },
+                lambda b, a, m=mode: b.rope_ext(
+                    a["x"], a["pos"], 32, 1e4, m == "neox", 0.5, a["ff"], mscale=1.19
+                ),
+                (7, 4, 64),
+            )
+        )
     return cases
