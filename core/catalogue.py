@@ -9,7 +9,7 @@ message lists what is installed and the way out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -73,6 +73,12 @@ KINDS: dict[str, CatalogueKind] = {
         UnknownArchitectureError,
         "unknown Hugging Face model_type '{name}'; the installed architectures load: "
         "{known}. Install a plugin for it or use a supported model",
+    ),
+    "hf_class": CatalogueKind(
+        "tessera_register_architectures",
+        lambda a: a.hf_classes,
+        UnknownArchitectureError,
+        "unknown Hugging Face model class '{name}'; the installed architectures load: {known}",
     ),
     "quant_type": CatalogueKind(
         "tessera_register_quant_types",
@@ -245,6 +251,13 @@ class Catalogues:
 
     def hf_architecture(self, model_type: str) -> Any:
         return self.get("hf_architecture", model_type)
+
+    def hf_architecture_for(self, hf_config: Mapping[str, Any]) -> Any:
+        """The architecture of an HF ``config.json``: the one registered for one of its
+        ``architectures`` class names, else the one for its ``model_type``."""
+        classes = self.catalogue("hf_class")
+        found = [classes[c] for c in hf_config.get("architectures") or () if c in classes]
+        return found[0] if found else self.hf_architecture(hf_config["model_type"])
 
     def quant_type(self, ggml_type: int, tensor: str = "") -> Any:
         where = f" of tensor '{tensor}'" if tensor else ""

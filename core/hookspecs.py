@@ -85,8 +85,9 @@ def tessera_register_architectures(register: Callable[[Architecture], None]) -> 
 
     Called once, when the first model is loaded or the catalogue is listed. Call
     ``register(arch)`` with an :class:`tessera.contract.arch.Architecture` instance. Its ``names``
-    are the GGUF ``general.architecture`` values it loads and its ``hf_model_types`` the
-    ``model_type`` values of Hugging Face ``config.json`` files it loads.
+    are the GGUF ``general.architecture`` values it loads, its ``hf_model_types`` the
+    ``model_type`` values of Hugging Face ``config.json`` files it loads and its
+    ``hf_classes`` the ``architectures`` class names that pick it before ``model_type`` does.
     """
 
 

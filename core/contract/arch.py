@@ -93,6 +93,11 @@ class Architecture(ABC):
     names: tuple[str, ...] = ()
     #: Hugging Face ``config.json`` ``model_type`` values it loads.
     hf_model_types: tuple[str, ...] = ()
+    #: ``config.json`` ``architectures`` class names it loads, looked up before
+    #: ``model_type`` (as llama.cpp's converter picks by class): one ``model_type`` can name
+    #: two models, e.g. ``gemma3_text`` a language model (``Gemma3ForCausalLM``) and an
+    #: encoder (``Gemma3TextModel``).
+    hf_classes: tuple[str, ...] = ()
 
     @abstractmethod
     def config_from_gguf(

@@ -264,7 +264,7 @@ _SAFETENSORS_TYPES = {"F32": 0, "F16": 1}
 def _read_hf_dir(path: Path, runtime: Any) -> tuple[Any, Any, dict[str, RawTensor], dict]:
     """Config and tensors of an HF folder, renamed to GGUF names by the architecture."""
     hf_config = read_hf_config(path)
-    arch = runtime.hf_architecture(hf_config["model_type"])
+    arch = runtime.hf_architecture_for(hf_config)
     config = arch.config_from_hf(hf_config)
     hf_tensors = read_safetensors_dir(path)
     raw = {

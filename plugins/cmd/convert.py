@@ -111,7 +111,7 @@ def convert_hf_to_gguf(
         name = Path(hf_dir).name  # "all-MiniLM-L6-v2", not the package's folder name
     hf_dir = resolved
     hf_config = read_hf_config(hf_dir)
-    arch = runtime.hf_architecture(hf_config["model_type"])
+    arch = runtime.hf_architecture_for(hf_config)
     config = arch.config_from_hf(hf_config)
     arch_metadata = arch.gguf_metadata(config)
     hf_tensors = read_safetensors_dir(hf_dir)

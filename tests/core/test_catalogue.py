@@ -92,3 +92,30 @@ def test_installed_torch_outranks_the_numpy_reference(runtime):
     backends = runtime.backends()
     assert backends["torch"].priority > backends["numpy"].priority
     assert runtime.backend_preference()[0] == "torch"
+
+
+def test_hf_config_picks_by_class_name_before_model_type():
+    class Arch:  # just the names the catalogue keys by
+        def __init__(self, name, hf_model_types=(), hf_classes=()):
+            self.names, self.hf_model_types, self.hf_classes = (name,), hf_model_types, hf_classes
+
+    encoder = Arch("encoder", hf_model_types=("shared_type",))
+    decoder = Arch("decoder", hf_classes=("SharedForCausalLM",))
+    module = types.ModuleType("tessera_test_archs")
+    module.TESSERA_PLUGIN_API = 2
+
+    @hookimpl
+    def tessera_register_architectures(register):
+        register(encoder)
+        register(decoder)
+
+    module.tessera_register_architectures = tessera_register_architectures
+    runtime = Runtime(entry_points=[])
+    runtime.add_plugin(module, "test-archs")
+    causal = {"model_type": "shared_type", "architectures": ["SharedForCausalLM"]}
+    assert runtime.hf_architecture_for(causal) is decoder
+    assert runtime.hf_architecture_for({"model_type": "shared_type"}) is encoder
+    other = {"model_type": "shared_type", "architectures": ["SharedModel"]}
+    assert runtime.hf_architecture_for(other) is encoder
+    with pytest.raises(UnknownArchitectureError, match="'other_type'"):
+        runtime.hf_architecture_for({"model_type": "other_type", "architectures": ["X"]})
