@@ -39,21 +39,19 @@ class ModelEntry:
 
     name: str
     path: Path
-    #: True for models found in the models directory (the only ones that may be deleted).
-    in_models_dir: bool
+    in_models_dir: bool  # found in the models directory: the only ones that may be deleted
     state: str = "on_disk"
     error: str | None = None
     served: ServedModel | None = None
     last_used: float = 0.0
-    #: Tasks of the requests that acquired this model (busy until they end).
-    users: set[Any] = attrs.field(factory=set)
+    users: set[Any] = attrs.field(factory=set)  # tasks of the requests that acquired it
     loading: asyncio.Future | None = None
     info: ModelFileInfo | None = None
     info_key: tuple[int, int] = (0, 0)
 
 
 def _stat_key(path: Path) -> tuple[int, int]:
-    st = (path / "config.json").stat() if path.is_dir() else path.stat()
+    st = (path / "config.json" if path.is_dir() else path).stat()
     return st.st_mtime_ns, st.st_size
 
 
@@ -132,8 +130,7 @@ class MultiModelPool(ModelPool):
 
     def summary(self, entry: ModelEntry) -> dict[str, Any]:
         """What the Models Manager shows of a model (reads its header: not on the loop)."""
-        info = self.info(entry)
-        served = entry.served
+        info, served = self.info(entry), entry.served
         return {
             "name": entry.name,
             "path": str(entry.path),
@@ -203,7 +200,10 @@ class MultiModelPool(ModelPool):
 
     def busy(self, entry: ModelEntry) -> bool:
         """True while a request other than the current one uses the model."""
-        current = asyncio.current_task() if _in_loop() else None
+        try:
+            current = asyncio.current_task()
+        except RuntimeError:  # not on the event loop (a summary on a worker thread)
+            current = None
         # a copy: summaries run on a worker thread while the loop edits the set
         if any(not t.done() and t is not current for t in tuple(entry.users)):
             return True
@@ -298,11 +298,3 @@ class MultiModelPool(ModelPool):
             entry.path.unlink()
         del self._entries[entry.name]
         self.flags.forget(entry.name)
-
-
-def _in_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True

@@ -9,20 +9,15 @@ import signal
 import socket
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 from tessera.cli.args import add_model_arguments, context_from_args, load_model_from_args
 from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
-from tessera.plugins.server.state import (
-    ServedModel,
-    ServerSettings,
-    ServerState,
-    SingleModelPool,
-    engine_problem,
-)
+from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
+
+from .watchdog import EXIT_UNHEALTHY, Watchdog
 
 log = logging.getLogger("tessera.server")
 
@@ -287,30 +282,3 @@ def _cut_running(state: ServerState) -> None:
             "the server is shutting down and the request ran past --shutdown-timeout; "
             "retry on another instance"
         )
-
-
-#: Exit code when the watchdog stopped the server (EX_SOFTWARE): a supervisor restarts it.
-EXIT_UNHEALTHY = 70
-
-
-class Watchdog:
-    """Stops the server when an engine is dead or stalled (see ``SlotEngine.health``), so
-    that the process exits non-zero and a supervisor (systemd, Kubernetes) restarts it."""
-
-    def __init__(self, state: ServerState, srv: Any, every_s: float = 1.0) -> None:
-        self.state, self.srv, self.every_s = state, srv, every_s
-        self.reason: str | None = None
-
-    def check(self) -> str | None:
-        """The first unhealthy engine's reason, or None."""
-        return engine_problem(self.state)
-
-    def watch(self) -> None:
-        while not self.srv.should_exit:
-            time.sleep(self.every_s)
-            reason = self.check()
-            if reason is not None:
-                log.error("%s; stopping so that a supervisor can restart the server", reason)
-                self.reason = reason
-                self.srv.should_exit = True
-                return

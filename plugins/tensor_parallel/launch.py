@@ -21,7 +21,7 @@ import attrs
 from tessera.contract.comm import COMMUNICATOR_ENV, DEFAULT_TIMEOUT_S, CommunicatorError
 from tessera.errors import TesseraError
 from tessera.plugins.tensor_parallel.lockstep import TPContext, serve_worker
-from tessera.plugins.tensor_parallel.rendezvous import free_port
+from tessera.plugins.tensor_parallel.ports import free_port
 from tessera.plugins.tensor_parallel.shard import (
     REPLICATE_LM_HEAD,
     attach,

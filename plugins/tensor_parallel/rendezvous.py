@@ -114,14 +114,10 @@ def _master_store(host: str, port: int, timeout_s: float) -> Any:
         ) from exc
     try:
         # Handed our socket, the store listens on --tp-master's address, not every interface.
+        fd = listener.detach()
+        timeout = _seconds(timeout_s)
         return dist.TCPStore(
-            host,
-            port,
-            None,
-            True,
-            timeout=_seconds(timeout_s),
-            wait_for_workers=False,
-            master_listen_fd=listener.detach(),
+            host, port, None, True, timeout=timeout, wait_for_workers=False, master_listen_fd=fd
         )
     except dist.DistError as exc:
         raise CommunicatorError(
@@ -300,9 +296,3 @@ def rendezvous(
         return _serve(host, port, world_size, caps, timeout_s, decide), host
     hello = {"magic": MAGIC, "version": VERSION, "rank": rank, "world_size": world_size}
     return _join(host, port, {**hello, "caps": caps}, timeout_s)
-
-
-def free_port(host: str) -> int:
-    """A TCP port free right now on ``host`` (for the communicator rank 0 starts next)."""
-    with socket.create_server((host, 0)) as s:
-        return int(s.getsockname()[1])

@@ -35,7 +35,8 @@ from tessera.contract.tp import Split
 from tessera.errors import ModelFileError, TesseraError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.load import Model, model_identity, select_backend, stored_tensor
-from tessera.plugins.tensor_parallel.rendezvous import free_port, rendezvous
+from tessera.plugins.tensor_parallel.ports import free_port
+from tessera.plugins.tensor_parallel.rendezvous import rendezvous
 from tessera.switches import OFF, Switch, flag
 
 log = logging.getLogger("tessera.tp")

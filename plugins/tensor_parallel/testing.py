@@ -94,7 +94,7 @@ def start_group(
 
     ``env`` is set in the parent while the ranks start (spawned children inherit it).
     """
-    from tessera.plugins.tensor_parallel.rendezvous import free_port
+    from tessera.plugins.tensor_parallel.ports import free_port
 
     master = f"127.0.0.1:{free_port('127.0.0.1')}"
     ctx = multiprocessing.get_context("spawn")
@@ -173,7 +173,7 @@ def check_communicator(rank: int, world_size: int, master: str, name: str) -> st
 
 
 def _port(host: str) -> int:
-    from tessera.plugins.tensor_parallel.rendezvous import free_port
+    from tessera.plugins.tensor_parallel.ports import free_port
 
     return free_port(host)
 

@@ -77,7 +77,8 @@ def test_joining_an_unresolvable_master_is_reported():
 
 
 def test_joining_a_master_where_nobody_listens_times_out_clearly():
-    from tessera.plugins.tensor_parallel.rendezvous import free_port, rendezvous
+    from tessera.plugins.tensor_parallel.ports import free_port
+    from tessera.plugins.tensor_parallel.rendezvous import rendezvous
 
     port = free_port("127.0.0.1")
     with pytest.raises(CommunicatorError, match=f"no rank 0 answered at 127.0.0.1:{port}"):
@@ -92,7 +93,8 @@ def test_rank_0_on_an_address_of_another_machine_is_reported():
 
 
 def test_rank_0_waits_only_until_the_timeout_for_missing_ranks():
-    from tessera.plugins.tensor_parallel.rendezvous import free_port, rendezvous
+    from tessera.plugins.tensor_parallel.ports import free_port
+    from tessera.plugins.tensor_parallel.rendezvous import rendezvous
 
     port = free_port("127.0.0.1")
     with pytest.raises(CommunicatorError, match=r"rank\(s\) 1 did not join"):

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from tessera.engine.sampling import Sampler
-from tessera.plugins.server.serve import Watchdog
+from tessera.plugins.server.watchdog import Watchdog
 
 POISON_SEED = 4242  # the seed of the requests whose sampling raises below
 

@@ -8,6 +8,7 @@ import pytest
 
 from tessera.contract.comm import CommunicatorError
 from tessera.plugins.tensor_parallel import rendezvous as rdv
+from tessera.plugins.tensor_parallel.ports import free_port
 
 HOST = "127.0.0.1"
 
@@ -35,21 +36,21 @@ def _run(port, joiners, timeout_s=10.0, decide=lambda caps: {"caps": caps}):
 
 
 def test_every_rank_gets_the_answer_rank_0_decided_on_all_caps_in_rank_order():
-    port = rdv.free_port(HOST)
+    port = free_port(HOST)
     results = _run(port, [(2, 3), (0, 3), (1, 3)])
     answer = {"caps": [{"r": 0}, {"r": 1}, {"r": 2}]}
     assert results == [(answer, HOST), (answer, HOST), (answer, HOST)]
 
 
 def test_a_peer_started_with_another_tp_size_is_refused_on_both_sides():
-    port = rdv.free_port(HOST)
+    port = free_port(HOST)
     rank_0, peer = _run(port, [(0, 2), (1, 3)])
     assert rank_0 == f"the peer at {HOST} was started with --tp 3, not 2"
     assert peer == "rank 0 refused the peer: it was started with --tp 3, not 2"
 
 
 def test_a_peer_of_another_rendezvous_version_is_refused_on_both_sides():
-    port = rdv.free_port(HOST)
+    port = free_port(HOST)
     hello = {"magic": rdv.MAGIC, "version": rdv.VERSION + 1, "rank": 1, "world_size": 2}
     rank_0, peer = _run(port, [(0, 2), (1, {**hello, "caps": {}})])
     assert rank_0 == f"the peer at {HOST} is not a tessera rank of this protocol version"
@@ -57,7 +58,7 @@ def test_a_peer_of_another_rendezvous_version_is_refused_on_both_sides():
 
 
 def test_a_rank_that_is_taken_twice_is_refused_to_every_rank():
-    port = rdv.free_port(HOST)
+    port = free_port(HOST)
     rank_0, *peers = _run(port, [(0, 3), (1, 3), (1, 3)])
     problem = "claims rank 1, which is out of range or taken"
     assert rank_0 == f"the peer at {HOST} {problem}"
@@ -65,7 +66,7 @@ def test_a_rank_that_is_taken_twice_is_refused_to_every_rank():
 
 
 def test_a_rank_that_never_arrives_is_named_to_every_rank_that_did_within_the_timeout():
-    port = rdv.free_port(HOST)
+    port = free_port(HOST)
     start = time.monotonic()
     rank_0, rank_1 = _run(port, [(0, 3), (1, 3)], timeout_s=1.0)
     assert time.monotonic() - start < 1.0 + 2 * rdv.GRACE_S
