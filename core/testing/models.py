@@ -251,6 +251,7 @@ def make_hf_dir(
     seed: int = 0,
     tie_word_embeddings: bool = False,
     hf_overrides: Mapping[str, Any] | None = None,
+    vocab: TestVocab | None = None,
     **dims: Any,
 ) -> Path:
     """Write a random-weight Hugging Face folder made by ``transformers``; return its path.
@@ -261,13 +262,14 @@ def make_hf_dir(
     noise so that a loader which drops them fails parity tests. ``dims`` take the
     generic names of :func:`make_gguf`, and for mixture-of-experts types (``qwen3_moe``,
     ``qwen2_moe``) the expert dims of :data:`HF_MOE_FIELDS`; ``hf_overrides`` sets any
-    other ``config.json`` field (``attention_bias``, ``rope_theta`` ...). Writes ``config.json``,
-    ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``.
+    other ``config.json`` field (``attention_bias``, ``rope_theta`` ...); ``vocab`` replaces
+    :func:`default_vocab` (a smaller one keeps committed fixtures small). Writes
+    ``config.json``, ``model.safetensors``, ``tokenizer.json`` and ``tokenizer_config.json``.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    vocab = default_vocab()
+    vocab = vocab or default_vocab()
     d = _dims(size, dims, vocab.n_vocab)
     hf = {
         **hf_dims({"head_dim": d["n_embd"] // d["n_head"], **d}),

@@ -196,12 +196,14 @@ def rope_scaling_from_hf(
         or 0
     )
     if kind == "default":
-        return 1.0, RopeScaling()
+        return 1.0, RopeScaling(n_ctx_orig=orig)
     if kind == "linear":
-        return 1.0 / factor, RopeScaling(kind="linear")
+        return 1.0 / factor, RopeScaling(kind="linear", n_ctx_orig=orig)
     if kind == "llama3":
         divisors = tuple(_llama3_divisors(rope, n_rot, freq_base))
-        return 1.0, RopeScaling(factors="rope_freqs", hf_factors=((FREQS, divisors),))
+        return 1.0, RopeScaling(
+            n_ctx_orig=orig, factors="rope_freqs", hf_factors=((FREQS, divisors),)
+        )
     if kind == "yarn":
         mscale, all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
         if rope.get("attention_factor") is not None or (mscale and all_dim and mscale != 1.0):
