@@ -1,4 +1,5 @@
-"""Mixture-of-experts architectures: ``qwen3moe``, ``qwen2moe`` and Mixtral (GGUF and HF).
+"""Mixture-of-experts architectures: ``qwen3moe``, ``qwen2moe`` and Mixtral (GGUF and HF),
+and the base of ``granitemoe`` (:mod:`tessera.models.llama.granite_moe`).
 
 The attention half of each layer is the llama family's (Qwen3's QK-norm, Qwen2's Q/K/V
 biases), reused from :mod:`tessera.models.llama.arch`. The FFN half is routed: a router
@@ -14,7 +15,8 @@ GGUF files and hands them to this code (``Architecture.variant``); its HF ``mode
 ``mixtral``.
 
 The experts reach the graph through :class:`tessera.contract.experts.ModelExperts` (resident,
-offloaded, cached); only the experts a ubatch selected are computed.
+offloaded, cached); only the experts a ubatch selected are computed. The config and the
+per-arch facts are in :mod:`tessera.models.llama.moe_config`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import attrs
 import numpy as np
 
 from tessera.contract.arch import check_tensors, metadata_key
@@ -35,11 +36,19 @@ from tessera.contract.experts import (
     moe_ffn_fallback,
     route_top_k,
 )
-from tessera.contract.names import ConfigField, fields_from_gguf, fields_from_hf, fields_to_gguf
+from tessera.contract.names import fields_from_gguf, fields_from_hf, fields_to_gguf
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
-from tessera.models.llama.arch import LlamaArchitecture, LlamaConfig
+from tessera.models.llama.arch import LlamaArchitecture
 from tessera.models.llama.graph import LlamaGraph
+from tessera.models.llama.moe_config import (
+    BASE_ARCH,
+    CONFIG_FIELDS,
+    EXPERTS_AS_WIDE_AS_FFN,
+    HF_TYPES,
+    NORM_TOPK,
+    MoEConfig,
+)
 from tessera.models.llama.moe_hf import (
     HF_NAMES,
     HF_SHARED_NAMES,
@@ -49,56 +58,7 @@ from tessera.models.llama.moe_hf import (
 )
 
 TESSERA_PLUGIN_API = 2
-
-#: MoE arch -> the dense llama-family arch whose attention it uses (Mixtral: ``llama``).
-BASE_ARCH = {"qwen3moe": "qwen3", "qwen2moe": "qwen2", "llama": "llama"}
-#: HF ``model_type`` -> GGUF arch name.
-HF_TYPES = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
-#: Whether llama.cpp renormalizes the top-k weights for the arch (files may say otherwise).
-NORM_TOPK = {"qwen3moe": True, "qwen2moe": False, "llama": True}
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-
-
-#: The expert fields GGUF and config.json store as they are (the rest: config_from_gguf).
-CONFIG_FIELDS = (
-    ConfigField("n_expert", "expert_count", ("num_experts", "num_local_experts")),
-    ConfigField("n_expert_used", "expert_used_count", "num_experts_per_tok"),
-    ConfigField(
-        "n_ff_shexp",
-        "expert_shared_feed_forward_length",
-        "shared_expert_intermediate_size",
-        default=0,
-        omit_default=True,
-    ),
-    # Mixtral's experts are the llama FFN's width (intermediate_size); GGUF: in code
-    ConfigField("n_ff_exp", (), ("moe_intermediate_size", "intermediate_size")),
-)
-
-
-@attrs.frozen(kw_only=True)
-class MoEConfig(LlamaConfig):
-    """A llama-family attention config (every :class:`LlamaConfig` field) plus experts."""
-
-    arch: str = attrs.field(validator=attrs.validators.in_(tuple(BASE_ARCH)))
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    #: Rescale the chosen experts' weights to sum to one (HF ``norm_topk_prob``).
-    norm_topk_prob: bool = True
-    #: Hidden size of the shared expert (qwen2moe); 0 = none.
-    n_ff_shexp: int = 0
-
-    def __attrs_post_init__(self) -> None:
-        super().__attrs_post_init__()
-        if not 0 < self.n_expert_used <= self.n_expert:
-            raise ModelFileError(
-                f"expert_used_count ({self.n_expert_used}) must be between 1 and expert_count "
-                f"({self.n_expert}); the model file is inconsistent — convert it again"
-            )
-
-    @classmethod
-    def from_base(cls, arch: str, base: LlamaConfig, **moe: Any) -> MoEConfig:
-        return cls(**(attrs.asdict(base, recurse=False) | {"arch": arch} | moe))
 
 
 class MoEArchitecture(LlamaArchitecture):
@@ -115,7 +75,8 @@ class MoEArchitecture(LlamaArchitecture):
         arch = metadata["general.architecture"]
         base, prefix = BASE_ARCH[arch], f"{arch}."
         # Mixtral's experts have the llama FFN size (llama.cpp writes no expert length).
-        dense_ff = metadata.get(f"{arch}.feed_forward_length") if arch == "llama" else None
+        wide = arch in EXPERTS_AS_WIDE_AS_FFN
+        dense_ff = metadata.get(f"{arch}.feed_forward_length") if wide else None
         n_ff_exp = int(metadata_key(metadata, arch, "expert_feed_forward_length", dense_ff))
         # The dense half reads the same keys under the base arch's prefix (expert keys left
         # out: the llama plugin would hand a file with experts back to this one).
@@ -151,14 +112,14 @@ class MoEArchitecture(LlamaArchitecture):
             arch,
             super().config_from_hf(dict(hf) | {"model_type": BASE_ARCH[arch]}),
             **fields_from_hf(CONFIG_FIELDS, hf),
-            # Mixtral always renormalizes the top-k
-            norm_topk_prob=bool(hf.get("norm_topk_prob", arch == "llama")),
+            # Mixtral and Granite always renormalize the top-k
+            norm_topk_prob=bool(hf.get("norm_topk_prob", arch in ("llama", "granitemoe"))),
         )
 
     def gguf_metadata(self, c: MoEConfig) -> dict[str, Any]:
         a = c.arch
         meta = super().gguf_metadata(c) | fields_to_gguf(CONFIG_FIELDS, c, a)
-        if a != "llama":  # Mixtral's expert width is feed_forward_length, as llama.cpp has it
+        if a not in EXPERTS_AS_WIDE_AS_FFN:  # else feed_forward_length, as llama.cpp has it
             meta[f"{a}.expert_feed_forward_length"] = c.n_ff_exp
         if c.norm_topk_prob != NORM_TOPK[a]:
             # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
@@ -210,7 +171,7 @@ class MoEArchitecture(LlamaArchitecture):
             "norm_topk_prob": overrides.pop("norm_topk_prob", NORM_TOPK[arch]),
             "n_ff_shexp": overrides.pop("n_ff_shexp", 48 if arch == "qwen2moe" else 0),
         }
-        if arch == "llama":  # Mixtral: the experts are the llama FFN's width
+        if arch in EXPERTS_AS_WIDE_AS_FFN:  # Mixtral: the experts are the llama FFN's width
             overrides["n_ff"] = moe["n_ff_exp"]
         base = super().example_config(arch=BASE_ARCH[arch], **overrides)
         return MoEConfig.from_base(arch, base, **moe)
