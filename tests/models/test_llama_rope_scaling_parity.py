@@ -1,0 +1,53 @@
+"""RoPE scaling of the ``llama`` arch as llama.cpp's converter writes it, against
+transformers on committed random-weight checkpoints: linear (factor 2, the
+``rope.scaling.*`` keys), llama3 (a ``rope_freqs`` tensor of per-pair divisors) and YaRN
+(factor 4 over an original context of 8, so the 20 positions of a prompt and its
+continuation run through the ramp; cos/sin scaled by ``0.1 ln 4 + 1``). tessera loads each
+from its HF folder, from llama.cpp's GGUF and from ``tessera convert``'s, on numpy and
+torch in f32, and must reproduce transformers' logits for every prompt row (relative error
+<= 1e-5; measured <= 4e-7) and its greedy continuation through the KV cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+from llama_like import (
+    BACKENDS,
+    FIXTURES,
+    SOURCES,
+    Family,
+    gguf_disagreements,
+    tessera_answers,
+    transformers_answers,
+)
+
+from tessera.testing.arch import relative_error
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["llama-linear", "llama-llama3", "llama-yarn"])
+def family(request, tmp_path_factory):
+    return Family(FIXTURES[request.param], tmp_path_factory.mktemp(request.param))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
+    prompt, logits, greedy = family.expected(source)
+    got, tokens = tessera_answers(family.path(source), backend, prompt)
+    assert relative_error(got, logits) <= TOL
+    assert tokens == greedy
+
+
+def test_tessera_writes_what_llama_cpp_writes(family):
+    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+
+
+def test_the_scaling_matters_for_this_prompt(family):
+    # transformers on the same weights without the scaling gives other logits
+    prompt, logits, _ = family.expected("hf")
+    plain, _ = transformers_answers(
+        family.f, prompt, 1, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+    )
+    assert relative_error(plain, logits) > 100 * TOL
