@@ -15,6 +15,7 @@ from typing import Any
 
 from tessera.engine.context import Context
 from tessera.engine.drafting import Drafter
+from tessera.engine.progress import prompt_progress
 from tessera.engine.prompt_cache import MIN_TOKENS, PromptStore, common_prefix
 from tessera.engine.sampling import Sampler
 from tessera.engine.slot_types import EngineMetrics, GenerationRequest, Slot, SlotSpec, Task
@@ -55,6 +56,7 @@ class Admission:
         self.ctx.kv.seq_rm(slot.id, n_past)
         del slot.cache_tokens[n_past:]
         slot.task, slot.prompt = task, req.prompt
+        task.id_slot = slot.id
         slot.n_done = slot.n_cached = n_past
         slot.pending, slot.n_generated = None, 0
         slot.sampler = Sampler(req.sampler)
@@ -71,6 +73,8 @@ class Admission:
                 slot.spec_decoder, params, req.prompt, slot.id, n_max=params.draft_max
             )
         self.metrics.n_prompt_tokens_cached += n_past
+        if req.report_progress:  # the first report: only the reused prefix is in the cache
+            self._emit(task, prompt_progress(slot))
 
     def _use_prompt_store(self, slot: Slot, prompt: Sequence[int], n_past: int) -> int:
         """Save what the request would overwrite; restore a stored state that shares more

@@ -65,6 +65,9 @@ def normalize(x: np.ndarray, mode: int = 2) -> np.ndarray:
     return np.divide(x, norm, out=out, where=norm > 0).astype(np.float32)
 
 
+_normalize = normalize  # the methods' parameter of the same name shadows it
+
+
 def apply_activation(scores: np.ndarray, activation: str) -> np.ndarray:
     """``none``, ``sigmoid`` or ``softmax`` (over the labels of each row)."""
     if activation == "sigmoid":
@@ -223,8 +226,14 @@ class Embedder:
                 "pick a smaller positive number"
             )
 
-    def embed(self, token_lists: Sequence[Sequence[int]], dims: int | None = None) -> np.ndarray:
-        """Pooled, normalized embeddings float32 ``(len(token_lists), n_embd or dims)``."""
+    def embed(
+        self,
+        token_lists: Sequence[Sequence[int]],
+        dims: int | None = None,
+        normalize: int | None = None,
+    ) -> np.ndarray:
+        """Pooled, normalized embeddings float32 ``(len(token_lists), n_embd or dims)``;
+        ``normalize`` overrides the embedder's mode for this call."""
         if self.pooling in ("none", "rank"):
             raise TesseraError(
                 f"pooling '{self.pooling}' gives no single vector per input; use --pooling "
@@ -237,7 +246,7 @@ class Embedder:
         vecs = self._run(token_lists, self.pooling)
         if dims is not None:
             vecs = vecs[:, : int(dims)]
-        return normalize(vecs, self.normalize)
+        return _normalize(vecs, self.normalize if normalize is None else normalize)
 
     def embed_texts(
         self, inputs: Sequence[str | Sequence[int]], dims: int | None = None
@@ -247,14 +256,14 @@ class Embedder:
         token_lists = [self.tokenize(x) if isinstance(x, str) else list(x) for x in inputs]
         return self.embed(token_lists, dims), sum(len(t) for t in token_lists)
 
-    def token_embeddings(self, tokens: Sequence[int]) -> np.ndarray:
+    def token_embeddings(self, tokens: Sequence[int], normalize: int | None = None) -> np.ndarray:
         """Per-token hidden states ``(len(tokens), n_embd)`` of one input (pooling none),
-        each row normalized."""
+        each row normalized (``normalize`` overrides the mode; -1 keeps them raw)."""
         self._check_input(0, tokens)
         batch = Batch.for_sequence(tokens, 0, 0, "all")
         with self._lock:
             hidden = self.ctx.encode(batch, "none")
-        return normalize(hidden, self.normalize)
+        return _normalize(hidden, self.normalize if normalize is None else normalize)
 
     # -- reranking -----------------------------------------------------------------------
 

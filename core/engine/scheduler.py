@@ -35,6 +35,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft
 from tessera.engine.batch import Batch
+from tessera.engine.progress import PromptProgress, prompt_progress
 from tessera.engine.slot_types import TokenEvent
 from tessera.engine.verify import NO_DRAFT, accept_draft
 
@@ -59,8 +60,9 @@ def _failed(exc: Exception) -> Finish:
     return Finish("error", f"generation failed: {type(exc).__name__}: {exc}", drop_cache=True)
 
 
-#: What a step tells the engine, in order: a token to report, or a request's end.
-Event = tuple["Slot", "TokenEvent | Finish"]
+#: What a step tells the engine, in order: a token or prompt progress to report, or a
+#: request's end.
+Event = tuple["Slot", "TokenEvent | PromptProgress | Finish"]
 
 
 @attrs.define
@@ -202,6 +204,8 @@ class Scheduler:
         if slot.pending is None:
             slot.n_done += len(e.tokens)
             self.metrics.n_prompt_tokens += len(e.tokens)
+            if slot.task.request.report_progress:
+                events.append((slot, prompt_progress(slot)))
         else:
             slot.pending = None
         if e.output:

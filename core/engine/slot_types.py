@@ -67,6 +67,8 @@ class GenerationRequest:
     ignore_eos: bool = False
     #: ``(token, bias)`` pairs added to the logits before sampling (OpenAI's logit_bias).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    #: Report :class:`tessera.engine.progress.PromptProgress` events while the prompt is read.
+    report_progress: bool = False
 
 
 @attrs.frozen
@@ -103,6 +105,8 @@ class Task:
         self.id = task_id
         self.request = request
         self.on_event = on_event
+        #: The slot it runs in, set before its first event (-1 while it waits).
+        self.id_slot = -1
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 
 from tessera.engine.admission import Admission
 from tessera.engine.context import Context
+from tessera.engine.progress import PromptProgress
 from tessera.engine.prompt_cache import PromptStore
 from tessera.engine.scheduler import Event, Finish, Scheduler
 from tessera.engine.slot_failures import SlotFailures
@@ -201,6 +202,8 @@ class SlotEngine(SlotFiles, Admission, SlotFailures):
                 self._drop(slot, event.error or "generation failed")
             elif isinstance(event, Finish):
                 self.finish(slot, event.reason, event.error)
+            elif isinstance(event, PromptProgress):
+                self._emit(slot.task, event)
             else:
                 self.emit_token(slot, event)
 

@@ -1,4 +1,5 @@
-"""``tessera serve``: an OpenAI-compatible HTTP server over the slot engine.
+"""``tessera serve``: an OpenAI-compatible HTTP server over the slot engine, with
+llama-server's native API beside it.
 
 This entry module stays light: the command's flags and the route table are registered
 here, and Starlette, uvicorn and the handlers load only when a server starts.
@@ -28,17 +29,27 @@ _ROUTES = [
     ("/v1/models", "admin", "models", ("GET",), False),
     ("/models", "admin", "models", ("GET",), False),
     ("/props", "admin", "props", ("GET",), False),
+    ("/props", "admin", "update_props", ("POST",), False),
     ("/metrics", "admin", "metrics", ("GET",), False),
     ("/tokenize", "admin", "tokenize", ("POST",), False),
     ("/detokenize", "admin", "detokenize", ("POST",), False),
     ("/slots", "admin", "slots", ("GET",), False),
     ("/slots/{id_slot}", "admin", "slot_action", ("POST",), False),
     ("/v1/completions", "completions", "completions", ("POST",), False),
-    ("/completions", "completions", "completions", ("POST",), False),
+    # llama-server's native API (/completions is native there too; /v1/completions is OpenAI's)
+    ("/completion", "native_completion", "native_completion", ("POST",), False),
+    ("/completions", "native_completion", "native_completion", ("POST",), False),
+    ("/infill", "infill", "infill", ("POST",), False),
+    ("/apply-template", "chat_prompt", "apply_template", ("POST",), False),
+    ("/chat/completions/input_tokens", "chat_prompt", "chat_input_tokens", ("POST",), False),
+    ("/v1/chat/completions/input_tokens", "chat_prompt", "chat_input_tokens", ("POST",), False),
+    ("/embedding", "native_embedding", "native_embedding", ("POST",), False),
+    ("/embeddings", "native_embedding", "native_embedding", ("POST",), False),
+    ("/reranking", "embeddings", "rerank", ("POST",), False),
+    ("/v1/reranking", "embeddings", "rerank", ("POST",), False),
     ("/v1/chat/completions", "chat_completions", "chat_completions", ("POST",), False),
     ("/chat/completions", "chat_completions", "chat_completions", ("POST",), False),
     ("/v1/embeddings", "embeddings", "embeddings", ("POST",), False),
-    ("/embeddings", "embeddings", "embeddings", ("POST",), False),
     ("/v1/rerank", "embeddings", "rerank", ("POST",), False),
     ("/rerank", "embeddings", "rerank", ("POST",), False),
 ]

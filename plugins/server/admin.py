@@ -1,5 +1,6 @@
-"""Server routes beside the OpenAI API: /health, /props, /metrics, /tokenize,
-/detokenize, /v1/models and the slots (/slots, /slots/{id_slot}?action=...)."""
+"""Server routes beside the OpenAI API: /health, /props (GET, and POST with --props),
+/metrics, /tokenize, /detokenize, /v1/models and the slots (/slots, /slots/{id_slot}
+?action=...); /slots and /metrics answer 501 when switched off (--no-slots, --no-metrics)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState, engine_problem
 
-from .api_fields import DETOKENIZE, SLOT_FILE, TOKENIZE
+from .api_fields import DETOKENIZE, PROPS_UPDATE, SLOT_FILE, TOKENIZE
 from .fields import Fields, read_json
 
 
@@ -42,7 +43,7 @@ async def openapi_json(request: Request) -> Any:
 
     state = _state(request)
     return JSONResponse(
-        document(request.app.state.routes, __version__, bool(state.settings.api_key))
+        document(request.app.state.routes, __version__, bool(state.settings.api_keys))
     )
 
 
@@ -50,15 +51,42 @@ async def models(request: Request) -> Any:
     return JSONResponse({"object": "list", "data": _state(request).pool.describe()})
 
 
+def _default_generation_settings(served: Any) -> dict[str, Any]:
+    """llama-server's ``default_generation_settings``: a request's settings when it sets
+    none, and the context a slot has."""
+    from tessera.engine.sampling import SamplerParams
+
+    from .native_format import generation_settings
+
+    params = generation_settings(SamplerParams(), n_predict=-1)
+    return {"n_ctx": served.engine.ctx.n_ctx, "params": params}
+
+
+def _endpoint_off(name: str, flag: str) -> ApiError:
+    return ApiError(501, f"the {name} endpoint is off on this server; start it without {flag}")
+
+
 async def props(request: Request) -> Any:
+    from tessera import __version__
     from tessera.cli.plugins_cmd import plugins_report
 
     state = _state(request)
     served = await state.model_for(request)
     ctx = served.engine.ctx
     backend = served.model.backend
+    tok = served.tokenizer
+    settings = state.settings
     return JSONResponse(
         {
+            "default_generation_settings": _default_generation_settings(served),
+            "bos_token": tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else "",
+            "eos_token": tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else "",
+            "modalities": {"vision": False, "audio": False, "video": False},
+            "endpoint_slots": settings.endpoint_slots,
+            "endpoint_props": settings.endpoint_props,
+            "endpoint_metrics": settings.endpoint_metrics,
+            "build_info": f"tessera-{__version__}",
+            "is_sleeping": False,
             "model_path": served.path,
             "model_alias": served.name,
             "model_identity": served.model.identity,
@@ -82,9 +110,22 @@ def _metric(lines: list[str], name: str, value: float, help_text: str, kind: str
     lines.append(f"tessera:{name} {value:g}")
 
 
+async def update_props(request: Request) -> Any:
+    """POST /props: ``{"success": true}`` with ``--props`` (no property can be changed yet,
+    as in llama-server), else 501."""
+    state = _state(request)
+    # a body is optional, but one that is sent must be a JSON object
+    Fields(await read_json(request) if await request.body() else {}, PROPS_UPDATE)
+    if not state.settings.endpoint_props:
+        raise ApiError(501, "changing properties is off; start the server with --props")
+    return JSONResponse({"success": True})
+
+
 async def metrics(request: Request) -> Any:
     """Prometheus text exposition of the engine's counters and gauges."""
     state = _state(request)
+    if not state.settings.endpoint_metrics:
+        raise _endpoint_off("metrics", "--no-metrics")
     served = await state.model_for(request)
     engine, m = served.engine, served.engine.metrics
     kv = engine.ctx.kv
@@ -169,8 +210,15 @@ async def detokenize(request: Request) -> Any:
 
 
 async def slots(request: Request) -> Any:
-    served = await _state(request).model_for(request)
-    return JSONResponse(served.engine.slots_info())
+    """Each slot's state; with ``?fail_on_no_slot=1``, 503 when none is idle."""
+    state = _state(request)
+    if not state.settings.endpoint_slots:
+        raise _endpoint_off("slots", "--no-slots")
+    served = await state.model_for(request)
+    info = served.engine.slots_info()
+    if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in info):
+        raise ApiError(503, "no slot is available; retry later")
+    return JSONResponse(info)
 
 
 async def slot_action(request: Request) -> Any:

@@ -169,13 +169,16 @@ EMBEDDINGS = _group(
           "float", choices=("float", "base64")),
 )  # fmt: skip
 
+_STRING_LIST = {"type": "array", "items": {"type": "string"}}
 RERANK = _group(
     MODEL,
     Field("query", "string", "the query", required=True),
-    Field("documents", "any", "the documents to rank", required=True,
-          schema={"type": "array", "items": {"type": "string"}}),
+    Field("documents", "any", "the documents to rank (Jina's form)", schema=_STRING_LIST),
+    Field("texts", "any", "the documents to rank (TEI's form: the answer is a bare list)",
+          schema=_STRING_LIST),
     Field("top_n", "integer", "keep the n best; default: all", None, 1),
     Field("return_documents", "boolean", "include each document's text", False),
+    Field("return_text", "boolean", "TEI's form: include each text", False),
 )  # fmt: skip
 
 TOKENIZE = _group(
@@ -194,3 +197,78 @@ DETOKENIZE = _group(
 SLOT_FILE = _group(
     Field("filename", "string", "file name inside --slot-save-path (save and restore)"),
 )
+
+# llama-server's native API: /completion, /infill, /embedding (field names and defaults
+# of its tools/server/README.md)
+
+_MIXED = {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}
+_TEXT_OR_MIXED = {"anyOf": [{"type": "string"}, {**_MIXED, "minItems": 1}]}
+_ONE_PROMPT = {
+    "anyOf": [
+        *_TEXT_OR_MIXED["anyOf"],
+        {
+            "type": "object",
+            "required": ["prompt_string"],
+            "properties": {"prompt_string": {"type": "string"}},
+        },
+    ]
+}
+_NATIVE_PROMPT = {"anyOf": [*_ONE_PROMPT["anyOf"], {"type": "array", "items": _ONE_PROMPT}]}
+_BIAS_PAIR = {
+    "type": "array",
+    "minItems": 2,
+    "maxItems": 2,
+    "items": {
+        "anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "number"}, {"type": "boolean"}]
+    },
+}
+
+NATIVE_SAMPLING = {
+    **{k: SAMPLING[k] for k in ("model", "top_p", "top_k", "min_p", "repeat_penalty",
+                                "repeat_last_n", "seed", "stop", "stream", "id_slot",
+                                "cache_prompt", "ignore_eos")},
+    **_group(
+        _sampler("temperature", "number", "sampling temperature; 0 or below = greedy", None),
+        Field("n_predict", "integer", "most tokens to generate; -1 = until the end, 0 = only "
+              "read the prompt", -1, -1),
+        Field("max_tokens", "integer", "n_predict's other name", None, -1),
+        Field("n_probs", "integer", "top log-probabilities per generated token", 0, 0),
+        Field("n_cmpl", "integer", "completions per prompt", 1, 1, 16),
+        Field("return_tokens", "boolean", "return the generated token ids in 'tokens'", False),
+        Field("return_progress", "boolean", "stream prompt_progress while the prompt is read",
+              False),
+        Field("response_fields", "any", "answer with these fields only ('a/b': a nested one)",
+              schema=_STRING_LIST),
+        Field("logit_bias", "any", "[[token id or text, bias or false], ...] or {id: bias}",
+              schema={"anyOf": [{"type": "array", "items": _BIAS_PAIR}, {"type": "object"}]}),
+        Field("json_schema", "object", "refused: a JSON schema is not enforced by this server"),
+        Field("grammar", "string", "refused: grammars are not implemented"),
+    ),
+}  # fmt: skip
+
+NATIVE_COMPLETION = NATIVE_SAMPLING | _group(
+    Field("prompt", "any", "a string, token ids, a mix of both, {prompt_string}, or a list "
+          "of prompts", required=True, schema=_NATIVE_PROMPT),
+)  # fmt: skip
+
+INFILL = NATIVE_SAMPLING | _group(
+    Field("input_prefix", "any", "the code before the cursor", required=True,
+          schema=_TEXT_OR_MIXED),
+    Field("input_suffix", "any", "the code after the cursor", required=True,
+          schema=_TEXT_OR_MIXED),
+    Field("input_extra", "any", "other files as context: [{filename, text}]", schema={
+        "type": "array", "items": {"type": "object", "required": ["text"], "properties": {
+            "text": {"type": "string"}, "filename": {"type": "string"}}}}),
+    Field("prompt", "string", "text already typed at the cursor (continues the prefix)", ""),
+)  # fmt: skip
+
+NATIVE_EMBEDDING = _group(
+    MODEL,
+    Field("content", "any", "the text(s) to embed (llama-server's name)", schema=_NATIVE_PROMPT),
+    Field("input", "any", "the text(s) to embed (OpenAI's name)", schema=_NATIVE_PROMPT),
+    Field("embd_normalize", "integer", "-1 none, 0 max-abs, 1 taxicab, 2 L2, >2 p-norm; "
+          "default: --embd-normalize", None, -1),
+)  # fmt: skip
+
+#: POST /props takes no field yet (as llama-server).
+PROPS_UPDATE: dict[str, Field] = {}

@@ -1,11 +1,11 @@
-"""The ASGI app: the registered routes, the API key check, the body limit, error JSON."""
+"""The ASGI app: the registered routes, the API key check, the body limit, CORS, error JSON."""
 
 from __future__ import annotations
 
 import hmac
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -17,6 +17,8 @@ from starlette.routing import Route
 from tessera.contract.routes import ApiError, ServerRoute
 from tessera.plugins.server.state import ServerState
 
+from .cors import Cors
+
 log = logging.getLogger("tessera.server")
 
 
@@ -24,20 +26,24 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
-def check_api_key(request: Request, api_key: str | None) -> None:
-    """Raise 401 unless the request carries ``Authorization: Bearer <api_key>``."""
-    if not api_key:
+def check_api_key(request: Request, api_keys: Sequence[str]) -> None:
+    """Raise 401 unless the request carries one of ``api_keys``, as
+    ``Authorization: Bearer <key>`` or (as llama-server also takes it) ``X-Api-Key: <key>``."""
+    if not api_keys:
         return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    # constant-time compare: a timing side channel must not leak the key
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        given.strip().encode(), api_key.encode()
-    ):
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, given = header.strip().partition(" ")
+        given = given.strip() if scheme.lower() == "bearer" else ""
+    else:  # llama-server's other header (Anthropic's clients send it)
+        given = request.headers.get("x-api-key", "").strip()
+    # constant-time compares, every key tried: a timing side channel must not leak a key
+    matches = [hmac.compare_digest(given.encode(), key.encode()) for key in api_keys]
+    if not any(matches):
         raise ApiError(
             401,
-            "invalid or missing API key; send 'Authorization: Bearer <key>' with the key "
-            "the server was started with (--api-key)",
+            "invalid or missing API key; send 'Authorization: Bearer <key>' (or 'X-Api-Key: "
+            "<key>') with a key the server was started with (--api-key)",
             code="invalid_api_key",
         )
 
@@ -49,7 +55,7 @@ def _guarded(route: ServerRoute) -> Any:
             error = ApiError(503, "the server is shutting down; retry on another instance")
             return JSONResponse(error.body(), status_code=503, headers={"Retry-After": "1"})
         if not route.public:
-            check_api_key(request, state.settings.api_key)
+            check_api_key(request, state.settings.api_keys)
         return await route.endpoint(request)
 
     return endpoint
@@ -140,7 +146,8 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any = None) -> Any:
-    """A Starlette app serving ``routes`` over ``state``, wrapped in the body limit."""
+    """A Starlette app serving ``routes`` over ``state``, wrapped in the body limit and
+    CORS (outermost, so that refusals carry its headers too)."""
     unique = {id(r): r for r in routes}.values()
     app = Starlette(
         routes=[
@@ -156,4 +163,4 @@ def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any =
     )
     app.state.tessera = state
     app.state.routes = list(unique)  # for /openapi.json
-    return BodyLimit(app, state.settings.max_body_bytes)
+    return Cors(BodyLimit(app, state.settings.max_body_bytes), state.settings)

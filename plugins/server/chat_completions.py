@@ -32,7 +32,8 @@ from .openai_common import (
 )
 
 
-def _session(served: ServedModel, f: Fields) -> ChatSession:
+def chat_session(served: ServedModel, f: Fields) -> ChatSession:
+    """The chat of a request: its messages rendered with the template, tools and options."""
     messages = f["messages"]
     if (
         not isinstance(messages, list)
@@ -83,7 +84,7 @@ async def chat_completions(request: Request) -> Any:
     n_predict = max_tokens(f, default=-1)
     samplers = sampler_params(f, n)
     served = await state.model_for(request, f["model"])
-    sessions = [_session(served, f) for _ in range(n)]
+    sessions = [chat_session(served, f) for _ in range(n)]
     prompt = prompt_tokens(served, sessions[0].prompt())
     requests = await generation_requests(f, served, prompt, samplers, n_predict, n_top)
     runs = start_runs(served, requests, f["stop"])

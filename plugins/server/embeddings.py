@@ -1,4 +1,4 @@
-"""POST /v1/embeddings and /v1/rerank over :class:`tessera.engine.embed.Embedder`.
+"""POST /v1/embeddings and /v1/rerank (/reranking) over :class:`tessera.engine.embed.Embedder`.
 
 The embedder has its own context, so these requests never touch the slots or their
 prompt cache.
@@ -21,7 +21,8 @@ from .api_fields import EMBEDDINGS, RERANK
 from .fields import Fields, read_json, token_ids
 
 
-def _embedder(served: ServedModel) -> Any:
+def embedder_of(served: ServedModel) -> Any:
+    """The served model's embedding engine, made on first use (501 if it cannot be)."""
     try:
         from tessera.engine.embed import Embedder
     except ImportError:
@@ -64,7 +65,7 @@ async def embeddings(request: Request) -> Any:
     inputs = _inputs(served, f["input"])
     dims = f["dimensions"]
     encoding = f["encoding_format"]
-    embedder = _embedder(served)
+    embedder = embedder_of(served)
     try:
         vectors = await asyncio.to_thread(embedder.embed, inputs, dims)
     except ContextOverflowError as exc:
@@ -89,22 +90,43 @@ async def embeddings(request: Request) -> Any:
 
 
 async def rerank(request: Request) -> Any:
+    """Jina's form (``documents``: ``{model, object, usage, results}``) or, given
+    ``texts``, TEI's (a bare list of ``{index, score}``), as llama-server answers both."""
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), RERANK)
     served = await state.model_for(request, f["model"])
     query = f["query"]
-    documents = f["documents"]
-    if not isinstance(documents, list) or not all(isinstance(d, str) for d in documents):
-        raise ApiError(400, "'documents' must be a list of strings", "documents")
+    tei = f["texts"] is not None
+    documents = f["texts"] if tei else f["documents"]
+    if (
+        not isinstance(documents, list)
+        or not documents
+        or not all(isinstance(d, str) for d in documents)
+    ):
+        raise ApiError(400, "'documents' must be a non-empty list of strings", "documents")
     top_n = f["top_n"] or len(documents)
-    embedder = _embedder(served)
+    embedder = embedder_of(served)
     try:
         scores = await asyncio.to_thread(embedder.rerank, query, documents)
+        n_tokens = sum(len(embedder.pair_tokens(query, d)[0]) for d in documents)
     except TesseraError as exc:
         raise ApiError(400, str(exc)) from None
     order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))[:top_n]
+    if tei:
+        results = [{"index": i, "score": float(scores[i])} for i in order]
+        if f["return_text"]:
+            for r in results:
+                r["text"] = documents[r["index"]]
+        return JSONResponse(results)
     results = [{"index": i, "relevance_score": float(scores[i])} for i in order]
     if f["return_documents"]:
         for r in results:
             r["document"] = {"text": documents[r["index"]]}
-    return JSONResponse({"model": served.name, "results": results})
+    return JSONResponse(
+        {
+            "model": served.name,
+            "object": "list",
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+            "results": results,
+        }
+    )

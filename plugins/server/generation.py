@@ -11,6 +11,7 @@ import attrs
 from starlette.requests import Request
 
 from tessera.contract.routes import ApiError
+from tessera.engine.progress import PromptProgress
 from tessera.engine.slot_types import EngineBusyError, FinishEvent, GenerationRequest, TokenEvent
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.chat import StopStringMatcher
@@ -24,10 +25,12 @@ _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "er
 
 @attrs.define
 class Piece:
-    """Text now safe to send, with the token that completed it (None for held-back text)."""
+    """Text now safe to send, with the token that completed it (None for held-back text);
+    or, with ``progress``, how far the prompt has been read (no text, no token)."""
 
     text: str
     token: TokenEvent | None
+    progress: PromptProgress | None = None
 
 
 class ChoiceRun:
@@ -62,6 +65,11 @@ class ChoiceRun:
     def cancel(self) -> None:
         self.task.cancel()
 
+    @property
+    def stopping_word(self) -> str:
+        """The stop string that ended the text ("" if none did)."""
+        return self._stops.stop or ""
+
     async def pieces(self) -> AsyncIterator[Piece]:
         """Pieces until the end; then :attr:`finish` and :attr:`finish_reason` are set."""
         stopped = False
@@ -78,6 +86,9 @@ class ChoiceRun:
                 return
             if stopped:
                 continue  # tokens that raced the cancel
+            if isinstance(event, PromptProgress):
+                yield Piece("", None, event)
+                continue
             self.tokens.append(event)
             check = self._stops.feed(self._decoder.feed(event.token))
             self.text += check.text
@@ -123,15 +134,21 @@ def usage(runs: Sequence[ChoiceRun]) -> dict[str, Any]:
 
 def timings(runs: Sequence[ChoiceRun]) -> dict[str, Any]:
     """llama.cpp's ``timings`` extension: what the first choice evaluated and how fast."""
-    f = runs[0].finish
+    return finish_timings(runs[0].finish)
+
+
+def finish_timings(f: FinishEvent) -> dict[str, Any]:
+    """llama.cpp's ``timings`` of one finished generation."""
     n_eval = f.n_prompt - f.n_cached
     return {
         "cache_n": f.n_cached,
         "prompt_n": n_eval,
         "prompt_ms": f.t_prompt_ms,
+        "prompt_per_token_ms": f.t_prompt_ms / n_eval if n_eval else 0.0,
         "prompt_per_second": n_eval / f.t_prompt_ms * 1e3 if f.t_prompt_ms else 0.0,
         "predicted_n": f.n_generated,
         "predicted_ms": f.t_generate_ms,
+        "predicted_per_token_ms": f.t_generate_ms / f.n_generated if f.n_generated else 0.0,
         "predicted_per_second": f.n_generated / f.t_generate_ms * 1e3 if f.t_generate_ms else 0.0,
     }
 

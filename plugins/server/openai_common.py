@@ -102,6 +102,19 @@ async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] |
     return factory.new
 
 
+def checked_id_slot(f: Fields, served: ServedModel) -> int:
+    """The request's ``id_slot``; 400 for a slot this server does not have."""
+    n_slots = len(served.engine.slots)
+    id_slot = f["id_slot"]
+    if id_slot >= n_slots:
+        raise ApiError(
+            400,
+            f"id_slot must be an integer between -1 and {n_slots - 1}, got {id_slot}",
+            "id_slot",
+        )
+    return id_slot
+
+
 async def generation_requests(
     f: Fields,
     served: ServedModel,
@@ -111,14 +124,7 @@ async def generation_requests(
     logprobs: int,
 ) -> list[GenerationRequest]:
     """One request per choice (one sampler each), ``n_predict`` capped by the server."""
-    n_slots = len(served.engine.slots)
-    id_slot = f["id_slot"]
-    if id_slot >= n_slots:
-        raise ApiError(
-            400,
-            f"id_slot must be an integer between -1 and {n_slots - 1}, got {id_slot}",
-            "id_slot",
-        )
+    id_slot = checked_id_slot(f, served)
     cache_prompt = f["cache_prompt"]
     ignore_eos = f["ignore_eos"]
     bias = logit_bias(f, served)
@@ -191,9 +197,13 @@ async def interleave(
     on_piece: Callable[[int, Piece], list[dict]],
     on_end: Callable[[int], list[dict]],
     tail: Callable[[], list[dict]],
+    *,
+    done: bytes = b"data: [DONE]\n\n",
+    error_body: Callable[[ApiError], dict] = ApiError.body,
 ) -> AsyncIterator[bytes]:
     """The SSE stream of several choices: their chunks in the order they come, then
-    ``tail()`` (usage) and ``[DONE]``. Leaving early (a disconnect) cancels every choice."""
+    ``tail()`` (usage) and ``done`` (OpenAI's ``[DONE]``; llama-server's native stream ends
+    without one). Leaving early (a disconnect) cancels every choice."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, run: ChoiceRun) -> None:
@@ -212,7 +222,7 @@ async def interleave(
                 remaining -= 1
                 run = runs[i]
                 if (error := run_error(run)) is not None:
-                    yield sse(error.body())
+                    yield sse(error_body(error))
                     continue
                 for chunk in on_end(i):
                     yield sse(chunk)
@@ -221,7 +231,8 @@ async def interleave(
                     yield sse(chunk)
         for chunk in tail():
             yield sse(chunk)
-        yield b"data: [DONE]\n\n"
+        if done:
+            yield done
     finally:
         for p in pumps:
             p.cancel()

@@ -34,6 +34,33 @@ ERROR = {
 }
 
 
+#: llama-server's error object (its native routes): the HTTP status as ``code``; a prompt
+#: too long is ``exceed_context_size_error`` with ``n_prompt_tokens`` and ``n_ctx``. Refusals
+#: before the handler (API key, body size) keep OpenAI's shape.
+NATIVE_ERROR = {
+    "anyOf": [
+        {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message", "type"],
+                    "properties": {
+                        "code": {"type": "integer"},
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "n_prompt_tokens": {"type": "integer"},
+                        "n_ctx": {"type": "integer"},
+                    },
+                }
+            },
+        },
+        ERROR,
+    ]
+}
+
+
 def _obj(*required: str, **properties: Any) -> dict[str, Any]:
     return {"type": "object", "required": list(required), "properties": properties}
 
@@ -41,7 +68,10 @@ def _obj(*required: str, **properties: Any) -> dict[str, Any]:
 _LIST = {"type": "array"}
 _STRING = {"type": "string"}
 _COMPLETION = _obj("id", "object", "created", "model", "choices", choices=_LIST)
-_STREAM = {"text/event-stream": {"schema": _STRING}}
+#: One server-sent event (what an SSE schema describes): its ``data`` line, a JSON chunk
+#: or OpenAI's ``[DONE]``.
+_SSE_EVENT = _obj("data", data=_STRING, event=_STRING)
+_STREAM = {"text/event-stream": {"schema": _SSE_EVENT}}
 
 
 def body(fields: Mapping[str, Field]) -> dict[str, Any]:
@@ -59,11 +89,15 @@ def operation(
     ok: Mapping[str, Any],
     fields: Mapping[str, Field] | None = None,
     more_ok: Mapping[str, Any] | None = None,
+    error_schema: Mapping[str, Any] = ERROR,
     **extra: Any,
 ) -> dict[str, Any]:
     """An operation answering 200 with ``ok`` JSON (or ``more_ok`` media types) and, on
-    any refusal, OpenAI's error object."""
-    error = {"description": "refused", "content": {"application/json": {"schema": ERROR}}}
+    any refusal, ``error_schema`` (OpenAI's error object unless told)."""
+    error = {
+        "description": "refused",
+        "content": {"application/json": {"schema": error_schema}},
+    }
     content = {"application/json": {"schema": ok}, **(more_ok or {})}
     out: dict[str, Any] = {
         "summary": summary,
@@ -78,6 +112,23 @@ def operation(
 
 
 _GENERATION = {"more_ok": _STREAM}
+_NATIVE = {"more_ok": _STREAM, "error_schema": NATIVE_ERROR}
+# no field is required: response_fields may keep any of them (content, tokens, stop,
+# stop_type, stopping_word, timings, generation_settings, tokens_cached ...)
+_NATIVE_RESULT = {
+    "type": "object",
+    "properties": {
+        "content": _STRING,
+        "tokens": {"type": "array", "items": {"type": "integer"}},
+        "stop": {"type": "boolean"},
+        "stop_type": {"type": "string", "enum": ["none", "eos", "limit", "word"]},
+        "timings": {"type": "object"},
+    },
+}
+_NATIVE_COMPLETION = {"anyOf": [_NATIVE_RESULT, {"type": "array", "items": _NATIVE_RESULT}]}
+_RERANKED = {
+    "anyOf": [_obj("model", "object", "usage", "results", results=_LIST), {"type": "array"}]
+}
 #: The server plugin's operations by handler name (ServerRoute.name).
 OPERATIONS: dict[str, dict[str, Any]] = {
     "health": operation("200 when every engine serves; 503 with the reason", _obj("status")),
@@ -90,7 +141,7 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "detokenize": operation(
         "token ids to text", _obj("content", content=_STRING), api_fields.DETOKENIZE
     ),
-    "slots": operation("each slot's state", _LIST),
+    "slots": operation("each slot's state (501 with --no-slots)", _LIST),
     "slot_action": operation(
         "save, restore or erase a slot's KV cache (save/restore need --slot-save-path)",
         {"type": "object"},
@@ -113,11 +164,40 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         api_fields.EMBEDDINGS,
     ),
     "rerank": operation(
-        "documents ranked by relevance to a query",
-        _obj("model", "results", results=_LIST),
+        "documents ranked by relevance to a query (Jina's form; TEI's with 'texts')",
+        _RERANKED,
         api_fields.RERANK,
     ),
-}
+    "update_props": operation(
+        "llama-server's POST /props (needs --props; nothing can be changed yet)",
+        _obj("success"),
+        api_fields.PROPS_UPDATE,
+    ),
+    "native_completion": operation(
+        "llama-server's native completion", _NATIVE_COMPLETION, api_fields.NATIVE_COMPLETION,
+        **_NATIVE,
+    ),
+    "infill": operation(
+        "fill in the middle with the model's FIM tokens", _NATIVE_COMPLETION, api_fields.INFILL,
+        **_NATIVE,
+    ),
+    "native_embedding": operation(
+        "llama-server's native embeddings: per input, its pooled vector or a vector per token",
+        {"type": "array", "items": _obj("index", "embedding", embedding=_LIST)},
+        api_fields.NATIVE_EMBEDDING,
+        error_schema=NATIVE_ERROR,
+    ),
+    "apply_template": operation(
+        "a chat request's prompt, rendered by the chat template",
+        _obj("prompt", prompt=_STRING),
+        api_fields.CHAT,
+    ),
+    "chat_input_tokens": operation(
+        "the prompt tokens a chat request would evaluate",
+        _obj("object", "input_tokens", input_tokens={"type": "integer"}),
+        api_fields.CHAT,
+    ),
+}  # fmt: skip
 
 
 def document(routes: Iterable[ServerRoute], version: str, api_key: bool) -> dict[str, Any]:

@@ -12,80 +12,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tessera.cli.args import add_model_arguments, context_from_args, load_model_from_args
+from tessera.cli.args import context_from_args, load_model_from_args
 from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
 
+from .serve_flags import add_arguments, server_settings
 from .watchdog import EXIT_UNHEALTHY, Watchdog
 
+__all__ = ["add_arguments", "bind", "build_app", "build_state", "run", "server"]
+
 log = logging.getLogger("tessera.server")
-
-DEFAULT_PORT = 9931  # llama.cpp 0.7.0's default
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from tessera.plugins.spec.cli import add_spec_arguments
-
-    add_model_arguments(parser, several_models=True)
-    add_spec_arguments(parser)
-    parser.set_defaults(parallel=4)
-    g = parser.add_argument_group("server")
-    g.add_argument(
-        "--models-dir",
-        default=None,
-        help="serve every GGUF file and HF folder in DIR, loaded on demand by the model field",
-    )
-    g.add_argument(
-        "--models-max",
-        type=int,
-        default=4,
-        help="models loaded at once with --models-dir or several -m (least recently used out)",
-    )
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default 9931)")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    g.add_argument("-a", "--alias", default="", help="model name shown to clients")
-    g.add_argument("--chat-template", default=None, help="Jinja chat template (text or file)")
-    g.add_argument("--slot-save-path", default=None, help="directory for slot save/restore files")
-    g.add_argument(
-        "--max-body-mib", type=float, default=1.0, help="largest request body (MiB, 413 above)"
-    )
-    g.add_argument(
-        "--max-tokens-cap", type=int, default=-1, help="upper bound on any request's max_tokens"
-    )
-    g.add_argument(
-        "--max-queue", type=int, default=64, help="requests that may wait for a slot (503 above)"
-    )
-    g.add_argument(
-        "--cache-ram",
-        type=int,
-        default=256,
-        help="MiB of saved prompt states kept when slots are reused (0 = off)",
-    )
-    g.add_argument(
-        "--pooling",
-        choices=["none", "mean", "cls", "last", "rank"],
-        default=None,
-        help="pooling of /v1/embeddings (default: the model's own)",
-    )
-    g.add_argument(
-        "--embd-normalize", type=int, default=2, help="-1 none, 0 max-abs, 1 taxicab, 2 L2"
-    )
-    g.add_argument(
-        "--watchdog-s",
-        type=float,
-        default=600.0,
-        help="seconds a decode step may take with requests running before the server calls "
-        "itself stalled: /health answers 503 and the process exits non-zero (a supervisor "
-        "restarts it)",
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=10.0,
-        help="seconds in-flight requests get to finish on SIGTERM before they are cancelled",
-    )
 
 
 def _chat_template(value: str | None) -> str | None:
@@ -116,23 +53,6 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
     else:
         pool = SingleModelPool(load_served(args, runtime, settings, paths[0] if paths else None))
     return ServerState(runtime=runtime, settings=settings, pool=pool)
-
-
-def server_settings(args: argparse.Namespace) -> ServerSettings:
-    settings = ServerSettings(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or None,
-        max_body_bytes=int(args.max_body_mib * (1 << 20)),
-        max_tokens_cap=args.max_tokens_cap,
-        slot_save_path=Path(args.slot_save_path) if args.slot_save_path else None,
-        alias=args.alias,
-        pooling=args.pooling,
-        embd_normalize=args.embd_normalize,
-    )
-    if settings.slot_save_path is not None:
-        settings.slot_save_path.mkdir(parents=True, exist_ok=True)
-    return settings
 
 
 def slot_spec(args: argparse.Namespace, runtime: Any, ctx: Any) -> SlotSpec | None:
@@ -202,13 +122,20 @@ def build_app(state: ServerState, runtime: Any) -> Any:
     return assemble(state, runtime.routes().values(), lifespan)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket, or one clear error naming the address and the way out."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def _bind_one(host: str, port: int) -> socket.socket:
+    if host.endswith(".sock"):  # a UNIX socket path, as llama-server takes one
+        family, address = socket.AF_UNIX, host
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        address = (host.strip("[]"), port)
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            # with several addresses, :: means IPv6 only (its IPv4 twin may be listed too)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
     except OSError as exc:
         sock.close()
         raise TesseraError(
@@ -216,6 +143,33 @@ def bind(host: str, port: int) -> socket.socket:
         ) from None
     sock.listen(128)
     return sock
+
+
+def bind(hosts: str, port: int) -> list[socket.socket]:
+    """Listening sockets on every address of ``hosts`` (comma-separated), all on one port
+    (port 0: the one the OS picks for the first), or one clear error naming the address
+    and the way out."""
+    socks: list[socket.socket] = []
+    try:
+        for host in (h.strip() for h in hosts.split(",") if h.strip()):
+            socks.append(_bind_one(host, port))
+            if port == 0 and socks[-1].family != socket.AF_UNIX:
+                port = socks[-1].getsockname()[1]
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    if not socks:
+        raise TesseraError("--host names no address; pass one, e.g. --host 127.0.0.1")
+    return socks
+
+
+def address(sock: socket.socket) -> str:
+    """``http://host:port`` (or the socket path) a client reaches ``sock`` at."""
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
 def server(app: Any, shutdown_timeout: float = 10.0, state: ServerState | None = None) -> Any:
@@ -259,16 +213,16 @@ def server(app: Any, shutdown_timeout: float = 10.0, state: ServerState | None =
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
-    sock = bind(args.host, args.port)
+    socks = bind(args.host, args.port)
     state = build_state(args, runtime)
     app = build_app(state, runtime)
-    host, port = sock.getsockname()[:2]
     names = ", ".join(m.name for m in state.pool.served()) or args.models_dir or "models"
-    print(f"tessera serve: http://{host}:{port} ({names})", file=sys.stderr, flush=True)
+    where = ", ".join(address(s) for s in socks)
+    print(f"tessera serve: {where} ({names})", file=sys.stderr, flush=True)
     srv = server(app, args.shutdown_timeout, state)
     watchdog = Watchdog(state, srv)
     threading.Thread(target=watchdog.watch, name="tessera-watchdog", daemon=True).start()
-    srv.run(sockets=[sock])
+    srv.run(sockets=socks)
     if watchdog.reason is not None:
         print(f"error: {watchdog.reason}; the server stopped", file=sys.stderr)
         return EXIT_UNHEALTHY

@@ -37,6 +37,25 @@ class ServerSettings:
     #: --embd-normalize: -1 none, 0 max-abs, 1 taxicab, 2 L2, >2 p-norm).
     pooling: str | None = None
     embd_normalize: int = 2
+    #: More accepted keys (llama-server's comma-separated --api-key and --api-key-file).
+    more_api_keys: tuple[str, ...] = ()
+    #: llama-server's endpoint switches: GET /slots and /metrics (off: 501), POST /props.
+    endpoint_slots: bool = True
+    endpoint_metrics: bool = True
+    endpoint_props: bool = False
+    #: CORS (llama-server's --cors-*): allowed origins ("*", "localhost" or a
+    #: comma-separated list), methods and headers of a preflight, credentials allowed.
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    #: /infill lays the suffix before the prefix (llama.cpp's --spm-infill).
+    spm_infill: bool = False
+
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """Every key a request may carry (none: the API is open)."""
+        return ((self.api_key,) if self.api_key else ()) + self.more_api_keys
 
 
 @attrs.define(eq=False)

@@ -20,15 +20,18 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tessera.plugins.server.testing import live_server
+from tessera.plugins.server.testing import live_server, write_fim_model
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A server with slot files on, whose queue takes every choice of a request (n <= 16)
-    and whose answers stop after 4 tokens (--max-tokens-cap), so each example is quick."""
-    argv = ["--backend", "numpy", "-np", "2", "-c", "256", "-b", "64", "--max-queue", "64"]
-    argv += ["--slot-save-path", str(tmp_path_factory.mktemp("slots"))]
+    """A server with slot files and POST /props on, whose queue takes every choice of a
+    request (n <= 16) and whose answers stop after 4 tokens (--max-tokens-cap), so each
+    example is quick; its model names FIM tokens, so /infill runs too."""
+    model = write_fim_model(tmp_path_factory.mktemp("model") / "fim.gguf")
+    argv = ["-m", str(model), "--backend", "numpy", "-np", "2", "-c", "256", "-b", "64"]
+    argv += ["--max-queue", "64"]
+    argv += ["--slot-save-path", str(tmp_path_factory.mktemp("slots")), "--props"]
     with live_server([*argv, "--max-tokens-cap", "4", "--pooling", "mean"]) as srv:
         yield srv
 
@@ -69,10 +72,22 @@ def test_the_document_lists_the_api_with_the_declared_fields(server):
 
 
 def _operations(schema):
-    """One operation per route (the /v1 aliases of the same handlers are skipped)."""
+    """One operation per route and handler: a path without /v1 whose /v1 twin is the same
+    operation (an alias) is skipped; /completions and /embeddings are llama-server's own
+    routes, not aliases, and stay."""
+
+    def same(op) -> tuple:
+        return op.method, {k: v for k, v in op.definition.raw.items() if k != "operationId"}
+
     ops = [result.ok() for result in schema.get_all_operations()]
-    paths = {op.path for op in ops}
-    return [op for op in ops if not (not op.path.startswith("/v1") and "/v1" + op.path in paths)]
+    by_path = {(op.path, op.method): op for op in ops}
+    return [
+        op
+        for op in ops
+        if op.path.startswith("/v1")
+        or (twin := by_path.get(("/v1" + op.path, op.method))) is None
+        or same(twin) != same(op)
+    ]
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
