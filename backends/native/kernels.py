@@ -10,7 +10,9 @@ runs decode's RMSNorm (float32 statistics) and RoPE (bit for bit the torch ops' 
 one call each instead of several torch ops. On CPUs with AMX, ``native_amx.c`` runs larger
 bf16 matmuls (prefill, batches) of Q4_0 / Q8_0 weights on the tile units, dequantizing each
 block straight into a tile (:meth:`NativeGemv.matmul_tiles`; ``TESSERA_NATIVE_AMX_DISABLE=1``
-turns just that off).
+turns just that off). The other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K,
+Q6_K) have their decode matmuls and dequantization in ``native_qgemv.c``
+(:class:`~tessera.backends.native.typed_gemv.TypedGemv`), through the same methods.
 
 :mod:`tessera.backends.native.library` builds and loads the library,
 :mod:`tessera.backends.native.selftest` checks it against numpy, and
@@ -25,19 +27,22 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backends.native.typed_gemv import GGML_TYPES, TypedGemv
 from tessera.switches import Choice
 
 #: Matmuls of at least this many bf16 rows run on the AMX tiles where there are any; the
 #: VNNI kernel's / the AMX kernel's time (4864x896 and 896x4864, Q4_0 and Q8_0, 1 and 2
 #: threads): 0.55-0.86 at 8 rows, 1.06-1.54 at 16, 1.84-2.78 at 32, 2.8-4.2 at 64.
 AMX_MIN_ROWS = 16
-#: Block bytes per 32 weights of the types the kernels read.
+#: Block bytes per 32 weights of the types native_gemv.c reads.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
+#: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes.
+BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, **GGML_TYPES}
 #: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
 MAX_WEIGHTS = 8
 
 
-class NativeGemv:
+class NativeGemv(TypedGemv):
     """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
 
     def __init__(self, lib: Any, path: Path) -> None:
@@ -60,9 +65,12 @@ class NativeGemv:
         return f"NativeGemv({str(self.path)!r})"
 
     def matmul(self, kind: str, w: Any, x: Any) -> Any:
-        """``x @ W.T`` for ``kind`` ``"Q8_0"`` or ``"Q4_0"``, ``w`` a contiguous uint8 CPU tensor
-        of block bytes ``(n_out, row bytes)``, ``x`` a ``(T, n_in)`` CPU tensor in float32,
-        bfloat16 or float16; the result has ``x``'s dtype."""
+        """``x @ W.T`` for ``kind`` ``"Q8_0"``, ``"Q4_0"`` or one of
+        :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, ``w`` a contiguous uint8 CPU
+        tensor of block bytes ``(n_out, row bytes)``, ``x`` a ``(T, n_in)`` CPU tensor in
+        float32, bfloat16 or float16; the result has ``x``'s dtype."""
+        if kind not in self._kernels:
+            return self.gemv_typed(kind, (w,), x)
         if not x.is_contiguous():
             x = x.contiguous()
         n_rows, n_in = x.shape
@@ -85,6 +93,8 @@ class NativeGemv:
         same ``n_in``; at most :data:`MAX_WEIGHTS`), each plus its bias (a contiguous
         tensor of ``x``'s dtype, or None): ``(T, sum n_out)``, the outputs side by side.
         The activations are quantized once and one parallel region covers every row."""
+        if kind not in TYPE_SIZES:
+            return self.gemv_typed(kind, ws, x, biases)
         if not x.is_contiguous():
             x = x.contiguous()
         key = tuple(map(id, ws + biases))
@@ -156,9 +166,9 @@ class NativeGemv:
     def dequantize(self, kind: str, w: Any, dtype: Any) -> Any:
         """The ``"Q4_0"`` weight ``w`` (uint8 block bytes ``(n_out, row bytes)``, contiguous,
         CPU) as a dense ``(n_out, n_in)`` tensor of ``dtype``, bit for bit what the torch
-        dequantization gives (prefill matmuls)."""
+        dequantization gives (prefill matmuls); other kinds: :meth:`dequantize_typed`."""
         if kind != "Q4_0":
-            raise ValueError(f"no native dequantization for {kind}")
+            return self.dequantize_typed(kind, w, dtype)
         if not w.is_contiguous():
             w = w.contiguous()
         n_in = w.shape[1] // 18 * 32
@@ -240,7 +250,8 @@ class BlockStruct(ctypes.Structure):
         ("n_rot", ctypes.c_int64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
-        *((f, ctypes.c_int) for f in ("neox", "type_qkv", "type_o", "type_ffn_up", "type_down")),
+        ("neox", ctypes.c_int),
+        *((f"type_{w}", ctypes.c_int) for w in ("q", "k", "v", "o", "gate", "up", "down")),
         *((f, ctypes.c_void_p) for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")),
         *((f, ctypes.c_void_p) for f in ("bq", "bk", "bv", "attn_norm", "ffn_norm")),
         *((f, ctypes.c_void_p) for f in ("q_norm", "k_norm", "k_cache", "v_cache")),

@@ -1,5 +1,6 @@
-"""The native kernels' C library: compiled from ``native_gemv.c`` and ``native_amx.c``,
-cached, run once in a child process, and loaded with ctypes as a
+"""The native kernels' C library: compiled from ``native_gemv.c``, ``native_amx.c`` and the
+block types' ``native_q*.c`` (:data:`SOURCES`), cached, run once in a child process, and
+loaded with ctypes as a
 :class:`~tessera.backends.native.kernels.NativeGemv`.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
@@ -21,9 +22,16 @@ from pathlib import Path
 from tessera.backends.native.kernels import NativeGemv
 from tessera.switches import OFF, Switch, choose
 
-SOURCE = Path(__file__).with_name("native_gemv.c")
-#: Compiled together with SOURCE into the one library: the AMX prefill matmuls.
-AMX_SOURCE = Path(__file__).with_name("native_amx.c")
+_HERE = Path(__file__).parent
+#: The C files compiled together into the one library: Q4_0/Q8_0 and the other native
+#: kernels, the AMX prefill matmuls, the other block types' GEMV, dot products and
+#: dequantization; and the headers they include (part of the cache key).
+SOURCES = tuple(
+    _HERE / name
+    for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
+    + ("native_qdot_k.c", "native_qdequant.c")
+)
+HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h")
 NATIVE_AMX_DISABLE = Switch(
     "TESSERA_NATIVE_AMX_DISABLE",
     "Q4_0/Q8_0 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off the AMX "
@@ -33,10 +41,11 @@ NATIVE_AMX_DISABLE = Switch(
 #: The variable's name, for callers that set it.
 AMX_DISABLE_ENV = NATIVE_AMX_DISABLE.name
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-#: All of these, and one of VNNI_FLAG_SETS, must be in /proc/cpuinfo's flags.
+#: All of these must be in /proc/cpuinfo's flags; one of VNNI_FLAG_SETS gives the integer
+#: dot products their VNNI instruction (else AVX2's vpmaddubsw path).
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
-ABI = 5
+ABI = 6
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -51,9 +60,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
 
 
 def cpu_supported(flags: set[str]) -> bool:
-    return all(f in flags for f in REQUIRED_CPU_FLAGS) and any(
-        all(f in flags for f in vnni) for vnni in VNNI_FLAG_SETS
-    )
+    return all(f in flags for f in REQUIRED_CPU_FLAGS)
 
 
 def cache_dir() -> Path:
@@ -64,15 +71,15 @@ def cache_dir() -> Path:
 def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
     """Compile the library (or find it in the cache); raises OSError/RuntimeError on failure.
 
-    ``flags`` other than :data:`CFLAGS` serve tests (e.g. ``-mno-avx512f`` for the 256-bit
-    path of CPUs with AVX-VNNI only)."""
+    ``flags`` other than :data:`CFLAGS` serve tests: ``-mno-avx512f`` for the 256-bit path
+    of CPUs with AVX-VNNI only, ``-mno-avx512f -mno-avxvnni`` for the AVX2 path."""
     cc = cc or os.environ.get("CC", "").strip() or "cc"
     version = subprocess.run(
         [cc, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     key = hashlib.sha256()
-    sources = (SOURCE, AMX_SOURCE)
-    for part in (*(p.read_bytes() for p in sources), version.encode(), " ".join(flags).encode()):
+    parts = (p.read_bytes() for p in SOURCES + HEADERS)
+    for part in (*parts, version.encode(), " ".join(flags).encode()):
         key.update(part)
     key.update(" ".join(sorted(cpu_flags())).encode())
     target = cache_dir() / f"gemv-{key.hexdigest()[:24]}.so"
@@ -83,7 +90,7 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [cc, *flags, "-o", tmp, *map(str, sources)],
+            [cc, *flags, "-o", tmp, *map(str, SOURCES)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -123,6 +130,15 @@ lib.tsr_attention_rows.argtypes += [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [c
 lib.tsr_attention_rows.argtypes += [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
 lib.tsr_attention_rows.argtypes += [ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 lib.tsr_attention_rows(x, 1, 2, 8, x, x, 1, 8, rows, 1, 4, rows, 1, None, 0.5, y, 0, 2)
+ws, n_outs = (ctypes.c_void_p * 1)(ctypes.addressof(w)), (ctypes.c_int64 * 1)(2)
+lib.tsr_gemv_quant.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3
+lib.tsr_gemv_quant.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+lib.tsr_gemv_quant.argtypes += [ctypes.c_int, ctypes.c_int]
+lib.tsr_dequant_quant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+lib.tsr_dequant_quant.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+for t in (3, 6, 7, 12, 13, 14, 20, 23):
+    assert lib.tsr_gemv_quant(t, 1, ws, n_outs, None, 256, x, 1, y, 0, 2)
+    assert lib.tsr_dequant_quant(t, w, 1, 256, x, 1, 2)
 """
 
 
@@ -148,8 +164,8 @@ def check_runs(path: Path) -> None:
 def load(path: Path) -> NativeGemv:
     check_runs(path)
     lib = ctypes.CDLL(str(path))
-    if lib.tsr_native_abi() != ABI or not lib.tsr_native_vnni():
-        raise RuntimeError(f"{path} is not a VNNI build of ABI {ABI}")
+    if lib.tsr_native_abi() != ABI:
+        raise RuntimeError(f"{path} is not a build of ABI {ABI}")
     args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     for fn in (lib.tsr_gemv_q8_0, lib.tsr_gemv_q4_0):
@@ -174,6 +190,14 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_gemv_n.restype = ctypes.c_int
     lib.tsr_block_decode.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int]
     lib.tsr_block_decode.restype = ctypes.c_int
+    args = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_void_p]
+    args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.tsr_gemv_quant.argtypes, lib.tsr_gemv_quant.restype = args, ctypes.c_int
+    args = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.tsr_dequant_quant.argtypes = args + [ctypes.c_int, ctypes.c_int]
+    lib.tsr_dequant_quant.restype = ctypes.c_int
+    lib.tsr_quant_row_bytes.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.tsr_quant_row_bytes.restype = ctypes.c_int64
     lib.tsr_amx_scratch_bytes.argtypes = [ctypes.c_int64]
     lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)

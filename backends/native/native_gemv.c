@@ -10,6 +10,7 @@
  * offset is taken back through the accumulator's start value:
  *   Q4_0: sum (n - 8) a = dpbusd(-8 sum a, n, a)          n = nibble, 0..15
  *   Q8_0: sum q a       = dpbusd(-128 sum a, q ^ 0x80, a)  q ^ 0x80 = q + 128, 0..255
+ * (without VNNI, Q8_0 takes the sign trick of dot_s8s8 in native_common.h, start 0).
  * The start value is spread evenly over the lanes that hold one row's block (4 or 8), so
  * it is one broadcast per activation block, shared by all weight rows. Per lane |sum| <=
  * 4 * 255 * 127 + 16 * 32 * 127, far from int32 overflow.
@@ -21,56 +22,27 @@
  * splits the output rows over the caller's thread count. Weights are read in place
  * (memory-mapped file bytes), never copied.
  */
-#include <immintrin.h>
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#define QK 32
+#include "native_common.h"
+
 #define ROWS 4   /* weight rows per pass over an activation row */
 #define MI_MAX 4 /* activation rows sharing one unpacking of the weight blocks */
 #define GEMV_MAX_WEIGHTS 8 /* weights in one tsr_gemv_n call */
-#ifndef GEMV_CHUNK_BYTES
-/* OpenMP hands out the row groups (of 4 rows) in guided chunks: each thread first takes a
- * long contiguous run (its hardware and software prefetching stays in its own rows), then
- * ever smaller ones down to about this many weight bytes, so a thread that starts late
- * (woken from sleep, or sharing its core with another process) does less of the work
- * instead of making the other wait at the end. Fixed chunks of 16 groups decoded Q4_0
- * 0.80x and Q8_0 0.88x as fast at two threads (much of each prefetch landed in the other
- * thread's rows). */
-#define GEMV_CHUNK_BYTES 131072
-#endif
-#ifndef PREFETCH
-/* Bytes ahead in each weight row: far enough to cross 4 KiB pages, where the hardware
- * prefetchers stop (the file's pages are not huge pages); 16 KiB measured best, 512 B
- * gave 70% of its throughput on the 0.5B model's matrices. */
-#define PREFETCH 16384
-#endif
+/* Q8_0 codes meet vpdpbusd as q + 128 (start value -128 sum a); the AVX2 path multiplies
+ * the signed codes with the sign trick instead (q + 128 would saturate vpmaddubsw). */
+#define Q8_0_OFFSET (TSR_HAVE_VNNI ? 128 : 0)
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
-#define TSR_HAVE_VNNI 1
-#elif defined(__AVXVNNI__)
-#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
-#define TSR_HAVE_VNNI 1
-#else
-#define TSR_HAVE_VNNI 0
-#endif
-/* 512-bit path: two weight rows per vector (AVX512-VNNI with BW/VL, and F16C) */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define TSR_ZMM 1
-#else
-#define TSR_ZMM 0
-#endif
+static int offset_of(int type_size) { return type_size == 18 ? 8 : Q8_0_OFFSET; }
 
-int tsr_native_abi(void) { return 5; }
+int tsr_native_abi(void) { return 6; }
 
 int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
 
 int tsr_native_zmm(void) { return TSR_ZMM; }
 
-#if TSR_HAVE_VNNI
+#if TSR_AVX2
 
 typedef struct {
     int8_t *q;   /* (m, n_in) int8 codes */
@@ -79,82 +51,12 @@ typedef struct {
     int32_t *s4; /* (m, nb) the same for 4 lanes (Q4_0's 4-row layout) */
 } act_q8;
 
-static float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static int hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-/* Activations and outputs are float32, bfloat16 or float16 (the caller's compute dtype),
- * so the caller converts nothing: each conversion costs a few microseconds in torch. */
-enum { DT_F32 = 0, DT_BF16 = 1, DT_F16 = 2 };
-
-static inline __m256 load8(const void *x, int64_t i, int dtype) {
-    if (dtype == DT_BF16) {
-        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-    if (dtype == DT_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i)));
-    return _mm256_loadu_ps((const float *)x + i);
-}
-
-static inline void store1(void *y, int64_t i, float v, int dtype) {
-    if (dtype == DT_BF16) {
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        /* round to nearest even, as torch's float -> bfloat16; NaN stays a quiet NaN */
-        u = (v != v) ? (u | 0x00400000u) : u + 0x7FFFu + ((u >> 16) & 1u);
-        ((uint16_t *)y)[i] = (uint16_t)(u >> 16);
-    } else if (dtype == DT_F16) {
-        ((uint16_t *)y)[i] = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
-    } else {
-        ((float *)y)[i] = v;
-    }
-}
-
-static inline float load1(const void *x, int64_t i, int dtype) {
-    if (dtype == DT_BF16) {
-        const uint32_t u = (uint32_t)((const uint16_t *)x)[i] << 16;
-        float v;
-        memcpy(&v, &u, 4);
-        return v;
-    }
-    if (dtype == DT_F16) return _cvtsh_ss(((const uint16_t *)x)[i]);
-    return ((const float *)x)[i];
-}
-
-/* One block of 32 values to 32 int8 codes: d = max|x| / 127, q = round-to-nearest(x / d). */
+/* One block of 32 values to int8 codes (quantize32) with its start values: the weight codes'
+ * offset times the block's sum, spread over the 8 or 4 lanes that hold a row's block. */
 static void quantize_block(const void *x, int64_t i, int dtype, int8_t *q, float *d, int32_t *s8,
                            int32_t *s4, int offset) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 v0 = load8(x, i, dtype), v1 = load8(x, i + 8, dtype);
-    __m256 v2 = load8(x, i + 16, dtype), v3 = load8(x, i + 24, dtype);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float amax = _mm_cvtss_f32(h);
-    *d = amax / 127.0f;
-    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, id));
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, id));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v2, id));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v3, id));
-    const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    /* packs works within 128-bit lanes: put the 4-byte groups back in order */
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)q, p);
+    int half[2];
+    const int sum = quantize32(x, i, dtype, q, d, half);
     *s8 = -(offset / 8) * sum;
     *s4 = -(offset / 4) * sum;
 }
@@ -192,18 +94,6 @@ static inline __m256i q8_0_codes(const uint8_t *blk) {
     return _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80));
 }
 
-static inline float f16_scale(const uint8_t *blk) {
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    return _cvtsh_ss(h);
-}
-
-/* prefetcht0 as asm: gcc 12 silently dropped _mm_prefetch once these kernels were inlined
- * into the OpenMP region (40% slower decode; check with objdump -d | grep prefetch). */
-static inline void prefetch1(const uint8_t *p) {
-    __asm__ volatile("prefetcht0 %0" : : "m"(*(const char *)p));
-}
-
 /* y[r] = dot(weight row r, activation row) for r < R, R a compile-time constant after
  * inlining; type_size 18 (Q4_0) or 34 (Q8_0) picks the code unpacking. */
 static inline __attribute__((always_inline)) void dot_rows(
@@ -218,9 +108,15 @@ static inline __attribute__((always_inline)) void dot_rows(
         for (int r = 0; r < R; r++) {
             const uint8_t *blk = w + r * row_bytes + b * type_size;
             prefetch1(blk + PREFETCH);
+#if TSR_HAVE_VNNI
             const __m256i u = type_size == 18 ? q4_0_codes(blk) : q8_0_codes(blk);
-            const __m256 dot = _mm256_cvtepi32_ps(DPBUSD(s, u, a));
-            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f16_scale(blk) * d), acc[r]);
+            const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(s, u, a));
+#else
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            const __m256 dot = _mm256_cvtepi32_ps(
+                type_size == 18 ? dot_u8s8(s, q4_0_codes(blk), a) : dot_s8s8(s, raw, a));
+#endif
+            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f16_at(blk) * d), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
@@ -424,7 +320,7 @@ void tsr_gemv_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x,
 
 void tsr_gemv_q8_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
-    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 34, 128);
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 34, Q8_0_OFFSET);
 }
 
 /* Several weights of one type (type_size 18: Q4_0, 34: Q8_0) on the same activations, their
@@ -435,24 +331,8 @@ int tsr_gemv_n(int type_size, int n_w, const uint8_t *const *ws, const int64_t *
                int dtype, int n_threads) {
     if (n_w < 1 || n_w > GEMV_MAX_WEIGHTS || (type_size != 18 && type_size != 34)) return 0;
     gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads, type_size,
-           type_size == 18 ? 8 : 128);
+           offset_of(type_size));
     return 1;
-}
-
-/* Eight float32 values to y[i..i+8) in dtype, rounded as torch rounds (to nearest even). */
-static inline void store8(void *y, int64_t i, __m256 v, int dtype) {
-    if (dtype == DT_BF16) {
-        __m256i u = _mm256_castps_si256(v);
-        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-        u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
-        const __m128i lo = _mm256_castsi256_si128(u), hi = _mm256_extracti128_si256(u, 1);
-        _mm_storeu_si128((__m128i *)((uint16_t *)y + i), _mm_packus_epi32(lo, hi));
-    } else if (dtype == DT_F16) {
-        _mm_storeu_si128((__m128i *)((uint16_t *)y + i),
-                         _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    } else {
-        _mm256_storeu_ps((float *)y + i, v);
-    }
 }
 
 /* y (n_out, n_in) = the Q4_0 weight in dtype, for prefill matmuls: (n - 8) * d is exact in
@@ -465,7 +345,7 @@ void tsr_dequant_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, void *y, in
     for (int64_t r = 0; r < n_out; r++) {
         const uint8_t *blk = w + r * row_bytes;
         for (int64_t b = 0; b < nb; b++, blk += 18) {
-            const __m256 d = _mm256_set1_ps(f16_scale(blk));
+            const __m256 d = _mm256_set1_ps(f16_at(blk));
             const __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 2));
             const __m128i low = _mm_set1_epi8(0x0F);
             /* low nibbles are values 0..15 of the block, high nibbles 16..31 */
@@ -748,11 +628,12 @@ static void elementwise(const void *a, const void *b, int64_t n, void *y, int dt
  * FFN; optional Q/K/V biases and per-head Q/K RMSNorm) for one token, in one call: the
  * same kernels, in the same order and with the same roundings, as the op-by-op decode path
  * of the torch backend, without a Python call between them. Weights are GGUF block bytes
- * (type 18: Q4_0, 34: Q8_0), norms float32, the rest of dtype. */
+ * of the GGML type in type_* (Q4_0 2 and Q8_0 8 here, the others of native_qgemv.c through
+ * tsr_gemv_quant), norms float32, the rest of dtype. */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, n_ff, n_rot;
     float eps, scale;
-    int neox, type_qkv, type_o, type_ffn_up, type_down;
+    int neox, type_q, type_k, type_v, type_o, type_gate, type_up, type_down;
     const uint8_t *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     const void *bq, *bk, *bv;          /* dtype, or NULL */
     const float *attn_norm, *ffn_norm; /* n_embd */
@@ -769,10 +650,43 @@ typedef struct {
     int64_t n_rows;
 } tsr_step;
 
-static int offset_of(int type_size) { return type_size == 18 ? 8 : 128; }
+int tsr_gemv_quant(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                   const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                   int dtype, int n_threads);
+
+/* gemv_n of one activation row for weights of GGML type ggml_type (Q4_0, Q8_0 here, the
+ * others in native_qgemv.c); 0 when that fails. */
+static int block_gemv(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                      const void *const *biases, int64_t n_in, const void *x, void *y, int dtype,
+                      int n_threads) {
+    if (ggml_type == 2 || ggml_type == 8) {
+        const int size = ggml_type == 2 ? 18 : 34;
+        gemv_n(n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads, size, offset_of(size));
+        return 1;
+    }
+    return tsr_gemv_quant(ggml_type, n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);
+}
+
+/* Weights reading the same activations, outputs side by side in y: one call when they
+ * are of one type, else one each with its bias added after the output's rounding, as the
+ * op-by-op path (one matmul, then an add) rounds it. */
+static int block_gemvs(const int *types, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                       const void *const *biases, int64_t n_in, const void *x, char *y, int dtype,
+                       int n_threads) {
+    int same = 1;
+    for (int k = 1; k < n_w; k++) same &= types[k] == types[0];
+    if (same) return block_gemv(types[0], n_w, ws, n_outs, biases, n_in, x, y, dtype, n_threads);
+    const int64_t es = dtype == DT_F32 ? 4 : 2;
+    int ok = 1;
+    for (int k = 0; k < n_w; y += es * n_outs[k], k++) {
+        ok &= block_gemv(types[k], 1, ws + k, n_outs + k, NULL, n_in, x, y, dtype, n_threads);
+        if (biases[k]) elementwise(y, biases[k], n_outs[k], y, dtype, 0);
+    }
+    return ok;
+}
 
 /* y (n_embd) = the block applied to x (n_embd); y may be x (x is last read before y is
- * written). Returns 0 when out of memory. */
+ * written). Returns 0 when out of memory (or a weight's type has no kernel). */
 int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void *y, int dtype,
                      int n_threads) {
     const int64_t es = dtype == DT_F32 ? 4 : 2, n = b->n_embd;
@@ -786,7 +700,8 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
     const uint8_t *qkv_w[3] = {b->wq, b->wk, b->wv};
     const int64_t qkv_n[3] = {qd, kd, kd};
     const void *qkv_b[3] = {b->bq, b->bk, b->bv};
-    gemv_n(3, qkv_w, qkv_n, qkv_b, n, h, 1, q, dtype, n_threads, b->type_qkv, offset_of(b->type_qkv));
+    const int qkv_t[3] = {b->type_q, b->type_k, b->type_v};
+    int ok = block_gemvs(qkv_t, 3, qkv_w, qkv_n, qkv_b, n, h, q, dtype, n_threads);
     if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype, 1);
     if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype, 1);
     char *k_cell = (char *)b->k_cache + es * kd * s->cell;
@@ -798,18 +713,18 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
     tsr_attention_rows(qr, 1, b->n_head, b->head_dim, b->k_cache, b->v_cache, b->n_head_kv,
                        b->head_dim, s->rows, 1, s->n_rows, &q_row, 1, NULL, b->scale, att, dtype,
                        n_threads);
-    gemv_n(1, &b->wo, &n, NULL, qd, att, 1, tmp, dtype, n_threads, b->type_o, offset_of(b->type_o));
+    ok &= block_gemv(b->type_o, 1, &b->wo, &n, NULL, qd, att, tmp, dtype, n_threads);
     elementwise(x, tmp, n, mid, dtype, 0);
     tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype, 1);
     const uint8_t *up_w[2] = {b->w_gate, b->w_up};
     const int64_t up_n[2] = {b->n_ff, b->n_ff};
-    gemv_n(2, up_w, up_n, NULL, n, h, 1, gu, dtype, n_threads, b->type_ffn_up,
-           offset_of(b->type_ffn_up));
+    const int up_t[2] = {b->type_gate, b->type_up};
+    const void *up_b[2] = {NULL, NULL};
+    ok &= block_gemvs(up_t, 2, up_w, up_n, up_b, n, h, gu, dtype, n_threads);
     elementwise(gu, gu + es * b->n_ff, b->n_ff, act, dtype, 1);
-    gemv_n(1, &b->w_down, &n, NULL, b->n_ff, act, 1, tmp, dtype, n_threads, b->type_down,
-           offset_of(b->type_down));
+    ok &= block_gemv(b->type_down, 1, &b->w_down, &n, NULL, b->n_ff, act, tmp, dtype, n_threads);
     elementwise(mid, tmp, n, y, dtype, 0);
     free(buf);
-    return 1;
+    return ok;
 }
 #endif

@@ -2,13 +2,15 @@
 backend and the weight kernels use (:func:`probe`, :func:`status`).
 
 Capability probe (:func:`probe`, cached per backend in ``backend.probe_cache``): the CPU
-has AVX2/FMA/F16C and AVX512-VNNI (with VL) or AVX-VNNI, a compiler runs, the library
-builds, runs once in a child process (so an illegal instruction cannot kill the caller),
-loads, and a self-test on random weights agrees with numpy within the error bound of
-int8 activations. Otherwise the weight kernels keep their torch paths.
-``TESSERA_NATIVE_DISABLE=1`` (:data:`NATIVE_DISABLE`) switches it off; the choice is
-recorded as the backend's ``"native kernels"`` path (:meth:`Backend.record_path`), and the
-AMX part of it as ``"native AMX matmuls"``.
+has AVX2/FMA/F16C (the integer dot products use AVX512-VNNI or AVX-VNNI where it has them),
+a compiler runs, the library builds, runs once in a child process (so an illegal
+instruction cannot kill the caller), loads, and a self-test on random weights agrees with
+numpy within the error bound of int8 activations. Otherwise the weight kernels keep their
+torch paths. ``TESSERA_NATIVE_DISABLE=1`` (:data:`NATIVE_DISABLE`) switches it off; the
+choice is recorded as the backend's ``"native kernels"`` path (:meth:`Backend.record_path`),
+and the AMX part of it as ``"native AMX matmuls"``. :func:`serves` answers for one block
+type of :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, which
+``TESSERA_NATIVE_QUANT_DISABLE`` (:data:`NATIVE_QUANT_DISABLE`) can take off one by one.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import attrs
 
 from tessera.backends.native import library, selftest
 from tessera.backends.native.kernels import NativeGemv
-from tessera.switches import OFF, Choice, Switch, choose
+from tessera.backends.native.typed_gemv import GGML_TYPES
+from tessera.switches import NAMES, OFF, Choice, Switch, choose, names
 
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
 #: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
@@ -30,6 +33,13 @@ NATIVE_DISABLE = Switch(
     "TESSERA_NATIVE_DISABLE",
     "no native CPU kernels (C, built on first use): every op on torch's kernels instead",
     OFF,
+)
+
+NATIVE_QUANT_DISABLE = Switch(
+    "TESSERA_NATIVE_QUANT_DISABLE",
+    "block types (e.g. Q4_K,Q5_0; all: every one) whose weights stay off the native "
+    f"decode and dequantization kernels of {', '.join(GGML_TYPES)}: their torch paths instead",
+    NAMES,
 )
 
 
@@ -74,12 +84,36 @@ def _probe(backend: Any) -> NativeStatus:
             gemv.amx_choice = Choice("off", "self-test against numpy failed")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         return NativeStatus(None, f"build or load failed: {exc}")
-    return NativeStatus(gemv, f"VNNI kernels from {gemv.path}; AMX matmuls {gemv.amx_choice}")
+    path = "AVX512-VNNI" if gemv.lib.tsr_native_zmm() else "AVX2 without VNNI"
+    if not gemv.lib.tsr_native_zmm() and gemv.lib.tsr_native_vnni():
+        path = "256-bit VNNI"
+    return NativeStatus(gemv, f"{path} kernels from {gemv.path}; AMX matmuls {gemv.amx_choice}")
 
 
 def probe(backend: Any) -> NativeGemv | None:
     """The native kernels for a CPU torch backend, or None (see the module docstring)."""
     return status(backend).gemv
+
+
+def serves(backend: Any, kind: str) -> NativeGemv | None:
+    """The native kernels when they take ``kind`` weights (a type of ``GGML_TYPES``) on
+    ``backend``: the probe passes and ``TESSERA_NATIVE_QUANT_DISABLE`` does not name it;
+    recorded once per type as the backend's ``"native <kind>"`` path."""
+    key = f"native {kind}"
+    cache = backend.probe_cache
+    if key not in cache:
+        listed = {n.upper() for n in names(NATIVE_QUANT_DISABLE)} & {kind.upper(), "ALL"}
+        if listed:
+            why = f"disabled by {NATIVE_QUANT_DISABLE.name}={NATIVE_QUANT_DISABLE.raw()}"
+            choice = Choice("torch", why)
+        elif kind not in GGML_TYPES:
+            choice = Choice("torch", f"no native kernel for {kind}")
+        else:
+            gemv = probe(backend)
+            choice = Choice("native" if gemv else "torch", status(backend).reason)
+        backend.record_path(key, choice)
+        cache[key] = probe(backend) if choice.path == "native" else None
+    return cache[key]
 
 
 def _unavailable(backend: Any) -> str | None:
@@ -89,5 +123,5 @@ def _unavailable(backend: Any) -> str | None:
         # int8 activations round like bf16 does; f32 keeps its exact matmuls
         return f"compute dtype {backend.dtype} keeps the exact torch paths (native: bf16/f16)"
     if not library.cpu_supported(library.cpu_flags()):
-        return "the CPU lacks AVX2/FMA/F16C with AVX512-VNNI or AVX-VNNI"
+        return "the CPU lacks AVX2, FMA or F16C"
     return None

@@ -2,9 +2,11 @@
 weights, with ``gguf.quants`` as the oracle of the block formats.
 
 Matmuls must stay within the error bound of int8 activations (:func:`error_bound`),
-RMSNorm within one rounding of the output dtype, RoPE and the Q4_0 dequantization bit for
-bit, attention within the output dtype's rounding of a float64 reference
-(:func:`attention_reference`); :func:`tiles_ok` checks the AMX matmuls.
+RMSNorm within one rounding of the output dtype, RoPE and the dequantizations bit for bit,
+attention within the output dtype's rounding of a float64 reference
+(:func:`attention_reference`); :func:`tiles_ok` checks the AMX matmuls. The other block
+types (:data:`~tessera.backends.native.typed_gemv.GGML_TYPES`) are checked on random block
+bytes (:func:`random_blocks`: every code and scale byte random, the float16 fields finite).
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ import attrs
 import numpy as np
 
 from tessera.backends.native.kernels import NativeGemv, RowLists
+from tessera.backends.native.typed_gemv import GGML_TYPES
+
+#: Byte offsets of the float16 fields (scales, mins) in a block of each type.
+F16_FIELDS = {
+    "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}  # fmt: skip
 
 
 def error_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -46,8 +55,48 @@ class _GgufOracle:
         return quants.dequantize(b, GGMLQuantizationType[self.name])
 
 
+def random_blocks(kind: str, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_out, row bytes)`` of random ``kind`` blocks: random bytes, the float16 fields set
+    to finite values (N(0, 0.01)), so every code, group scale and bit pattern occurs."""
+    from gguf import GGMLQuantizationType, quants
+
+    block, size = quants.GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    raw = rng.integers(0, 256, (n_out, n_in // block * size), dtype=np.uint8)
+    blocks = raw.reshape(n_out, -1, size)
+    for at in F16_FIELDS[kind]:
+        scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
+        blocks[:, :, at : at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return raw
+
+
+def typed_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Every type of ``GGML_TYPES`` on random blocks (ragged row groups, 1-6 activation rows,
+    two weights in one call) within the int8 bound of the oracle's product, and its
+    dequantization bit for bit (finite values) the oracle's values rounded to each dtype."""
+    import torch
+
+    for kind in GGML_TYPES:
+        oracle = _GgufOracle(kind)
+        for n_out, n_in, rows in ((7, 512, 1), (6, 256, 6), (9, 768, 3)):
+            raws = [random_blocks(kind, n, n_in, rng) for n in (n_out, 5)]
+            dense = np.concatenate([oracle.dequantize(r) for r in raws]).astype(np.float64)
+            x = torch.from_numpy(rng.standard_normal((rows, n_in)).astype(np.float32)).bfloat16()
+            ws = tuple(torch.from_numpy(r) for r in raws)
+            got = native.matmul_n(kind, ws, x, (None, None)).float().numpy()
+            xs = x.float().numpy()
+            want = xs.astype(np.float64) @ dense.T
+            bound = error_bound(dense, xs) + 2.0**-8 * np.abs(want)
+            if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
+                return False
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                want_d = torch.from_numpy(dense[:n_out].astype(np.float32)).to(dtype)
+                if not torch.equal(native.dequantize(kind, ws[0], dtype), want_d):
+                    return False
+    return True
+
+
 def self_test(native: NativeGemv, threads: int = 1) -> bool:
-    """Both kernels on random weights (odd row counts, 1-5 activation rows; float32 and
+    """Every kernel on random weights (odd row counts, 1-6 activation rows; float32 and
     bfloat16 activations) vs numpy."""
     import torch
 
@@ -80,6 +129,8 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                         want_d = torch.from_numpy(dense).to(dtype)
                         if not torch.equal(native.dequantize(name, raw, dtype), want_d):
                             return False
+        if not typed_ok(native, rng):
+            return False
     finally:
         torch.set_num_threads(saved)
     return True

@@ -186,10 +186,11 @@ def tessera_register_block_fusions(register):
 @hookimpl
 def tessera_register_switches(register):
     from tessera.backends.native.library import NATIVE_AMX_DISABLE
-    from tessera.backends.native.probe import NATIVE_DISABLE
+    from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
 
     for switch in (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE):
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)
+    register(NATIVE_QUANT_DISABLE)

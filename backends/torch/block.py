@@ -10,7 +10,7 @@ write, row-list attention, the output projection, the residual, gate/up, SwiGLU,
 with the same roundings, without returning to Python in between.
 
 It declines (returns None, nothing written) unless every matrix runs a native kernel at
-one row (Q/K/V of one type, gate/up of one type), the biases and caches are in the compute
+one row (Q/K/V and gate/up of one type or not), the biases and caches are in the compute
 dtype, and the token attends to one list of rows with nothing masked (no sliding window).
 ``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
 ``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.backends.native.kernels import TYPE_SIZES, BlockStruct, StepStruct
+from tessera.backends.native.kernels import BLOCK_GGML_TYPES, BlockStruct, StepStruct
 from tessera.switches import OFF, Choice, Switch, choose
 
 DECODER_BLOCK_DISABLE = Switch(
@@ -99,7 +99,7 @@ def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
         if found[name] is None:
             return None
     kinds = {name: kind for name, (kind, _) in found.items()}
-    if len({kinds["wq"], kinds["wk"], kinds["wv"]}) > 1 or kinds["w_gate"] != kinds["w_up"]:
+    if not set(kinds.values()) <= BLOCK_GGML_TYPES.keys():
         return None
     dtype = backend.torch_dtype
     if any(b is not None and (b.dtype != dtype or not b.is_contiguous()) for b in (
@@ -117,13 +117,10 @@ def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
         eps=block.rms_eps,
         scale=block.attn_scale,
         neox=int(block.rope_neox),
-        type_qkv=TYPE_SIZES[kinds["wq"]],
-        type_o=TYPE_SIZES[kinds["wo"]],
-        type_ffn_up=TYPE_SIZES[kinds["w_gate"]],
-        type_down=TYPE_SIZES[kinds["w_down"]],
     )
-    for name, (_, raw) in found.items():
+    for name, (kind, raw) in found.items():  # wq -> type_q ... w_gate -> type_gate
         setattr(s, name, raw.data_ptr())
+        setattr(s, f"type_{name[1:].lstrip('_')}", BLOCK_GGML_TYPES[kind])
     keep = [raw for _, raw in found.values()]
     for name in ("bq", "bk", "bv"):
         bias = getattr(block, name)

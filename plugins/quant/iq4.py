@@ -37,6 +37,7 @@ from tessera.plugins.quant.kquant_common import (
     fp16_bytes,
     nearest_int,
 )
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -195,3 +196,10 @@ IQ4_XS = QuantType(
 def tessera_register_quant_types(register):
     register(IQ4_NL)
     register(IQ4_XS)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    # no torch kernel of their own: without the native kernels they dequantize at load
+    register(with_native(IQ4_NL, None))
+    register(with_native(IQ4_XS, None))

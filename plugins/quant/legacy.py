@@ -32,6 +32,7 @@ from tessera.plugins.quant.kquant_common import (
     torch_grouped_kernel,
     torch_grouped_weight,
 )
+from tessera.plugins.quant.native_weight import with_native
 from tessera.switches import NUMBER, Switch
 
 TESSERA_PLUGIN_API = 2
@@ -164,19 +165,20 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        int4_kernel(
-            QUANT_TYPES["Q4_1"],
-            Q4_1.load_torch,
-            INT4_ROWS,
-            "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
-        )
+    q4_1 = QUANT_TYPES["Q4_1"]
+    int4 = int4_kernel(
+        q4_1,
+        Q4_1.load_torch,
+        INT4_ROWS,
+        "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
     )
+    register(with_native(q4_1, int4))
     for fmt, what in ((Q5_0, "int8 codes + scale"), (Q5_1, "uint8 codes + scale/min")):
         qtype = QUANT_TYPES[fmt.name]
-        register(
-            torch_grouped_kernel(qtype, fmt.load_torch, f"{what} per 32, dequantized per matmul")
+        grouped = torch_grouped_kernel(
+            qtype, fmt.load_torch, f"{what} per 32, dequantized per matmul"
         )
+        register(with_native(qtype, grouped))
 
 
 @hookimpl

@@ -27,6 +27,7 @@ from tessera.hookspecs import hookimpl
 from tessera.plugins.quant.kquant_common import F32, QK_K, int4_kernel, int4_or_grouped
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
+from tessera.plugins.quant.native_weight import with_native
 from tessera.switches import NUMBER, Switch
 
 TESSERA_PLUGIN_API = 2
@@ -94,14 +95,13 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        int4_kernel(
-            Q4_K,
-            load_torch,
-            INT4_ROWS,
-            "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
-        )
+    int4 = int4_kernel(
+        Q4_K,
+        load_torch,
+        INT4_ROWS,
+        "uint8 codes + scale/min per 32; CPU: int4 decode + dense prefill",
     )
+    register(with_native(Q4_K, int4))
 
 
 @hookimpl

@@ -30,6 +30,7 @@ from tessera.plugins.quant.kquant_common import (
 )
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -95,8 +96,7 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        torch_grouped_kernel(
-            Q5_K, load_torch, "uint8 codes + scale/min per 32, dequantized per matmul"
-        )
+    grouped = torch_grouped_kernel(
+        Q5_K, load_torch, "uint8 codes + scale/min per 32, dequantized per matmul"
     )
+    register(with_native(Q5_K, grouped))

@@ -34,6 +34,7 @@ from tessera.plugins.quant.kquant_common import (
     torch_grouped_kernel,
     torch_grouped_weight,
 )
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -148,6 +149,7 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        torch_grouped_kernel(Q6_K, load_torch, "int8 codes + scales per 16, dequantized per matmul")
+    grouped = torch_grouped_kernel(
+        Q6_K, load_torch, "int8 codes + scales per 16, dequantized per matmul"
     )
+    register(with_native(Q6_K, grouped))

@@ -10,9 +10,6 @@ rounding. Against the same rounding done in numpy the result must agree to float
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 import torch
@@ -39,21 +36,6 @@ def backend(dtype="bf16"):
     b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
     RUNTIME.equip(b)
     return b
-
-
-@pytest.fixture(scope="module")
-def native():
-    gemv = native_probe.probe(backend())
-    if gemv is None:
-        reason = native_probe.status(backend()).reason
-        cc = os.environ.get("CC", "").strip() or "cc"
-        if library.cpu_supported(library.cpu_flags()) and shutil.which(cc):
-            # the kernels can exist here, so a failed build or self-test is a failure
-            pytest.fail(f"native kernels failed on a CPU and compiler that support them: {reason}")
-        # Real skip: without VNNI or a C compiler the kernels cannot exist on this machine
-        # (the fallback tests below still run); the project's machines have both.
-        pytest.skip(f"native kernels unavailable: {reason}")
-    return gemv
 
 
 def weight_bytes(name, n_out, n_in, rng):
@@ -438,9 +420,9 @@ def test_failing_compiler_and_missing_cpu_flags_fall_back(tmp_path, monkeypatch)
     b = backend()
     assert native_probe.probe(b) is None and "failed" in native_probe.status(b).reason
     assert not [p for p in (tmp_path / "tessera" / "native").iterdir()]  # no temp file left
-    monkeypatch.setattr(library, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    monkeypatch.setattr(library, "cpu_flags", lambda: {"avx2", "fma"})
     b = backend()
-    assert native_probe.probe(b) is None and "VNNI" in native_probe.status(b).reason
+    assert native_probe.probe(b) is None and "F16C" in native_probe.status(b).reason
 
 
 def test_a_library_that_dies_in_the_child_process_falls_back(native, tmp_path, monkeypatch):

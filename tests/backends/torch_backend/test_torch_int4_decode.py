@@ -109,6 +109,7 @@ def test_q4_k_int4_path_matches_numpy_in_f32_when_forced(monkeypatch):
 
 def test_q4_k_bf16_decode_and_prefill_paths_and_the_off_switch(monkeypatch):
     monkeypatch.delenv("TESSERA_Q4_K_INT4_ROWS", raising=False)
+    monkeypatch.setenv("TESSERA_NATIVE_QUANT_DISABLE", "Q4_K")  # native: test_native_block_types.py
     raw, dense = q4_k_weight()
     b = backend("bf16")
     w = b.load_weight(raw, Q4_K)

@@ -49,8 +49,9 @@ def test_kernel_multiplies_as_the_dequantized_weight(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_probe_in_bf16_on_the_cpu_accepts_only_the_int4_path(name):
+def test_probe_in_bf16_on_the_cpu_accepts_only_the_int4_path(name, monkeypatch):
     # Q4_1 decodes on torch's int4 kernel; the others multiply faster dequantized once
+    monkeypatch.setenv("TESSERA_NATIVE_QUANT_DISABLE", "all")  # native: tests/backends/native
     assert RUNTIME.weight_kernels()[("torch", name)].supports(backend("bf16")) == (name == "Q4_1")
 
 
@@ -69,6 +70,7 @@ def test_q4_1_int4_path_matches_numpy_in_f32_when_forced(monkeypatch):
 
 def test_q4_1_bf16_decode_and_prefill_paths_and_the_off_switch(monkeypatch):
     monkeypatch.delenv("TESSERA_Q4_1_INT4_ROWS", raising=False)
+    monkeypatch.setenv("TESSERA_NATIVE_QUANT_DISABLE", "Q4_1")  # native: tests/backends/native
     raw, qt, dense = weight("Q4_1", seed=4)
     b = backend("bf16")
     w = b.load_weight(raw, qt)
