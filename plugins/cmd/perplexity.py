@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,9 @@ def _info(text: str) -> None:
     print(f"perplexity: {text}", file=sys.stderr, flush=True)
 
 
-def _evaluate(model: Any, args: argparse.Namespace, tokens: Any, plan: ChunkPlan):
+def _evaluate(
+    model: Any, args: argparse.Namespace, tokens: Any, plan: ChunkPlan
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield each chunk's index, scored logits and next tokens; say the first pass's time."""
     _info(
         f"calculating over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
