@@ -30,6 +30,7 @@ class NumpyBackend(Backend):
             "attention_softcap",
             "rope_ext",
             "tanh",
+            "swiglu_oai",
             "gelu_erf",
             "moe_ffn",
             "linear",
@@ -110,6 +111,13 @@ class NumpyBackend(Backend):
     def swiglu(self, gate, up):
         return self.silu(gate) * up
 
+    def swiglu_oai(self, gate, up, alpha, limit):
+        g = np.minimum(gate, np.float32(limit))
+        u = np.clip(up, np.float32(-limit), np.float32(limit))
+        with np.errstate(over="ignore"):  # exp overflows to inf for very negative g: glu 0
+            glu = g / (np.float32(1.0) + np.exp(np.float32(-alpha) * g))
+        return (glu * (u + np.float32(1.0))).astype(np.float32)
+
     def tanh(self, x):
         return np.tanh(x)
 
@@ -126,9 +134,10 @@ class NumpyBackend(Backend):
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
         return self.attention_softcap(q, k_cache, v_cache, n_kv, mask, scale, 0.0)
 
-    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap):
+    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap, sinks=None):
         """Dense attention; with ``softcap > 0`` each score ``s`` is ``softcap * tanh(s /
-        softcap)`` before masking (plain :meth:`attention` is the ``softcap = 0`` case)."""
+        softcap)`` before masking, and ``sinks`` (one logit per head) join each softmax's
+        denominator (plain :meth:`attention` is the case of neither)."""
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         group = n_head // n_head_kv
@@ -139,9 +148,14 @@ class NumpyBackend(Backend):
             scores = np.float32(softcap) * np.tanh(scores / np.float32(softcap))
         scores = np.where(mask[None], scores, -np.inf)
         peak = scores.max(axis=-1, keepdims=True)
+        if sinks is not None:
+            sink = np.asarray(sinks, np.float32).reshape(n_head, 1, 1)
+            peak = np.maximum(peak, sink)
         peak = np.where(np.isfinite(peak), peak, 0.0)
         weights = np.exp(scores - peak)
         total = weights.sum(axis=-1, keepdims=True)
+        if sinks is not None:
+            total = total + np.exp(sink - peak)  # the sink's share has no value
         weights = np.divide(weights, total, out=np.zeros_like(weights), where=total > 0)
         out = np.einsum("hts,shd->thd", weights, v)
         return out.reshape(n_tokens, -1).astype(np.float32)

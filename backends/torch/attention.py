@@ -1,7 +1,7 @@
 """The torch backend's attention: ``attention`` over a dense mask and ``attention_rows`` over
 a ubatch's KV row lists, both on SDPA (``attention_rows`` of a few queries on the native
-kernel), and ``attention_softcap`` (capped scores) on plain matmuls, with the mask and index
-tensors made once per ubatch and reused by every layer."""
+kernel), and ``attention_softcap`` (capped scores, sinks) on plain matmuls, with the mask
+and index tensors made once per ubatch and reused by every layer."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ class AttentionOps:
             out = out.masked_fill(dead, 0.0)
         return out.transpose(0, 1).reshape(n_tokens, -1)
 
-    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap):
-        # SDPA cannot cap scores, so the scores are made explicitly: (Hkv, group * T, S)
-        # matmuls give GQA without copying K/V.
+    def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap, sinks=None):
+        # SDPA can neither cap scores nor add sinks, so the scores are made explicitly:
+        # (Hkv, group * T, S) matmuls give GQA without copying K/V.
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
@@ -51,10 +51,16 @@ class AttentionOps:
         v = v_cache[:n_kv].transpose(0, 1)
         qg = q.transpose(0, 1).reshape(n_head_kv, -1, q.shape[-1])  # (Hkv, group * T, D)
         scores = torch.matmul(qg, k.transpose(1, 2)).float().view(n_head, n_tokens, -1) * scale
-        scores = torch.tanh(scores / softcap) * softcap
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         if allowed is not None:
             scores = scores.masked_fill(~allowed[0], float("-inf"))
-        weights = torch.softmax(scores, dim=-1).to(v.dtype)
+        if sinks is None:
+            weights = torch.softmax(scores, dim=-1).to(v.dtype)
+        else:  # the sink is one more logit per head, whose weight is dropped
+            sink = sinks.float().view(n_head, 1, 1).expand(n_head, n_tokens, 1)
+            weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)
+            weights = weights[..., :n_kv].contiguous().to(v.dtype)
         out = torch.matmul(weights.view(n_head_kv, -1, n_kv), v).view(n_head, n_tokens, -1)
         if dead is not None:
             out = out.masked_fill(dead, 0.0)  # softmax over no cell gives NaN: zeros instead

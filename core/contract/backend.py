@@ -63,6 +63,7 @@ OPTIONAL_OPS = (
     "copy_n",
     "rope_ext",
     "tanh",
+    "swiglu_oai",
     "gelu_erf",
     "moe_ffn",
     "linear",

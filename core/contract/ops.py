@@ -27,7 +27,8 @@ class Op:
     ``dtype`` the compute dtype (``"f32"``, ``"bf16"``, ``"f16"``; None when the caller
     does not know it); ``shapes`` the inputs' shapes in numpy order (``()`` when not known);
     ``params`` the op's parameters, by op: ``n_head``, ``n_head_kv``, ``head_dim``
-    (attention, attention_rows, attention_softcap); ``n_rot``, ``head_dim``, ``neox``
+    (attention, attention_rows, attention_softcap; the latter also ``sinks``, True when the
+    model has attention sinks); ``n_rot``, ``head_dim``, ``neox``
     (rope, rope_ext); ``n`` (rms_norm's width); ``activation`` (linear); ``n_expert``,
     ``n_expert_used`` (moe_ffn). A backend reads what it needs and ignores the rest.
     """

@@ -46,14 +46,21 @@ class OptionalOps:
         mask: np.ndarray,
         scale: float,
         softcap: float,
+        sinks: Any = None,
     ) -> Any:
-        """Optional: :meth:`attention` with the scores soft-capped before the mask and softmax.
+        """Optional: :meth:`attention` with the extras of ggml's ``flash_attn_ext``: scores
+        soft-capped before the mask and softmax, and attention sinks.
 
-        Each score ``s = scale * q.k`` becomes ``softcap * tanh(s / softcap)`` (Gemma 2's
-        ``attn_logit_softcapping``; ggml caps the same place). Arguments, masking, GQA and
-        the zeros of a query with no allowed cell are those of :meth:`attention`. Backends
-        that implement it answer True to ``supports(op)`` for ``op.name ==
-        "attention_softcap"``; the default declines.
+        With ``softcap > 0`` each score ``s = scale * q.k`` becomes ``softcap * tanh(s /
+        softcap)`` (Gemma 2's ``attn_logit_softcapping``; ggml caps the same place); 0
+        leaves the scores as they are. ``sinks`` (float ``(Hq,)``, or None) is a learned
+        logit per query head that joins each query's softmax denominator without a value
+        (gpt-oss): the weights of the cells become ``exp(s_j) / (exp(sink) + sum_i
+        exp(s_i))``, so they may sum to less than one, and a query with no allowed cell
+        still gives zeros. Callers pass ``sinks`` by keyword and only when they have them.
+        Arguments, masking and GQA are those of :meth:`attention`. Backends that implement
+        it answer True to ``supports(op)`` for ``op.name == "attention_softcap"`` (with
+        ``op.get("sinks")`` True when the model has sinks); the default declines.
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement attention_softcap")
@@ -83,6 +90,17 @@ class OptionalOps:
         """
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement rope_ext")
+
+    def swiglu_oai(self, gate: Any, up: Any, alpha: float, limit: float) -> Any:
+        """Optional: gpt-oss's clamped SwiGLU (ggml's ``swiglu_oai``), elementwise:
+        ``g * sigmoid(alpha * g) * (u + 1)`` with ``g = min(gate, limit)`` and ``u`` the
+        ``up`` values clipped to ``[-limit, limit]``.
+
+        Backends that implement it answer True to ``supports(op)`` for ``op.name ==
+        "swiglu_oai"``; the default declines.
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not implement swiglu_oai")
 
     def tanh(self, x: Any) -> Any:
         """Optional: elementwise ``tanh(x)`` (logit soft-capping: ``c * tanh(x / c)``).

@@ -90,18 +90,28 @@ class KVView:
         return self._built[key]
 
     def attend(
-        self, backend: Any, il: int, q: Any, scale: float, window: int = 0, softcap: float = 0.0
+        self,
+        backend: Any,
+        il: int,
+        q: Any,
+        scale: float,
+        window: int = 0,
+        softcap: float = 0.0,
+        sinks: Any = None,
     ) -> Any:
         """Attention of ``q`` (T, Hq, D) over layer ``il``'s cache on this view's path.
 
-        With ``softcap > 0`` the scores are capped (backend op ``attention_softcap``, which
-        the architecture lists in its ``required_ops``); that op has a dense mask only, so
-        capped attention takes it on either path.
+        With ``softcap > 0`` the scores are capped, with ``sinks`` (a backend array of one
+        logit per query head) each softmax has one more term (backend op
+        ``attention_softcap``, which the architecture lists in its ``required_ops``); that
+        op has a dense mask only, so capped attention and sinks take it on either path.
         """
-        if softcap:
+        if softcap or sinks is not None:
             mask = self.mask_for(window)
-            k, v = self.k[il], self.v[il]
-            return backend.attention_softcap(q, k, v, self.n_kv, mask, scale, softcap)
+            args = (q, self.k[il], self.v[il], self.n_kv, mask, scale, softcap)
+            if sinks is None:  # a backend's op may predate sinks: pass them only when given
+                return backend.attention_softcap(*args)
+            return backend.attention_softcap(*args, sinks=sinks)
         if self.path == "rows":
             return backend.attention_rows(q, self.k[il], self.v[il], self.rows_for(window), scale)
         return backend.attention(q, self.k[il], self.v[il], self.n_kv, self.mask_for(window), scale)

@@ -1,6 +1,6 @@
 """Conformance cases of ``attention`` over a dense mask (and of ``attention_softcap``, the same
-with capped scores), and of ``attention_rows`` (an optional op) over the row lists of a real
-:class:`tessera.engine.kv_cache.KVCache`.
+with capped scores or with attention sinks), and of ``attention_rows`` (an optional op) over
+the row lists of a real :class:`tessera.engine.kv_cache.KVCache`.
 
 Cells that must not be read (past ``n_kv``, freed, of other sequences) hold NaN, so an op
 that reads them fails; queries with nothing to see must give zeros."""
@@ -35,32 +35,34 @@ def _masked_rows_zero(got: np.ndarray, args: dict[str, Any]) -> str | None:
 SOFTCAP = 1.5
 
 
-def attention_cases(op: str = "attention") -> list[Case]:
-    """Cases of ``attention``, or with ``op="attention_softcap"`` the same with capped scores."""
+def attention_cases(op: str = "attention", sinks: bool = False) -> list[Case]:
+    """Cases of ``attention``, or with ``op="attention_softcap"`` the same with capped scores,
+    or (``sinks``) uncapped with a sink logit per head (gpt-oss)."""
     cases = []
     n_tokens, n_cells, n_kv, n_head_kv, head_dim = 5, 16, 12, 2, 32
     shapes = [(g, head_dim) for g in (1, 2, 4)] + [(2, 16)]
-    softcap = SOFTCAP if op == "attention_softcap" else 0.0
+    softcap = SOFTCAP if op == "attention_softcap" and not sinks else 0.0
     for kind in ("causal", "multi", "masked-row"):
         for group, dim_v in shapes:
             n_head = n_head_kv * group
             mask = _attention_mask(kind, n_tokens, n_kv)
             dv = f"-Dv{dim_v}" if dim_v != head_dim else ""
-            cap = f"-cap{softcap:g}" if softcap else ""
+            extra = f"-cap{softcap:g}" if softcap else "-sinks" if sinks else ""
+            probe = {
+                "n_head": n_head,
+                "n_head_kv": n_head_kv,
+                "head_dim": head_dim,
+                "head_dim_v": dim_v,
+                "n_kv": n_kv,
+                "n_tokens": n_tokens,
+            }
             cases.append(
                 Case(
-                    f"{op}-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}{cap}",
+                    f"{op}-{kind}-T{n_tokens}-Hq{n_head}-Hkv{n_head_kv}-D{head_dim}{dv}-kv{n_kv}{extra}",
                     op,
-                    {
-                        "n_head": n_head,
-                        "n_head_kv": n_head_kv,
-                        "head_dim": head_dim,
-                        "head_dim_v": dim_v,
-                        "n_kv": n_kv,
-                        "n_tokens": n_tokens,
-                    },
+                    probe | ({"sinks": True} if sinks else {}),
                     lambda rng, h=n_head, dv=dim_v, m=mask: _attention_inputs(
-                        rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m
+                        rng, n_tokens, h, n_head_kv, head_dim, dv, n_cells, n_kv, m, sinks
                     ),
                     lambda b, a: _call_attention(b, a, n_kv, 1.0 / np.sqrt(head_dim), softcap),
                     (n_tokens, n_head * dim_v),
@@ -71,17 +73,25 @@ def attention_cases(op: str = "attention") -> list[Case]:
 
 
 def _call_attention(b: Any, a: dict[str, Any], n_kv: int, scale: float, softcap: float) -> Any:
+    args = (a["q"], a["k"], a["v"], n_kv, a["mask"], scale)
+    if "sinks" in a:
+        return b.attention_softcap(*args, softcap, sinks=a["sinks"])
     if softcap:
-        return b.attention_softcap(a["q"], a["k"], a["v"], n_kv, a["mask"], scale, softcap)
-    return b.attention(a["q"], a["k"], a["v"], n_kv, a["mask"], scale)
+        return b.attention_softcap(*args, softcap)
+    return b.attention(*args)
 
 
-def _attention_inputs(rng, n_tokens, n_head, n_head_kv, head_dim, dim_v, n_cells, n_kv, mask):
+def _attention_inputs(
+    rng, n_tokens, n_head, n_head_kv, head_dim, dim_v, n_cells, n_kv, mask, sinks=False
+):
     k = normal(rng, n_cells, n_head_kv, head_dim)
     v = normal(rng, n_cells, n_head_kv, dim_v)
     k[n_kv:] = np.nan  # cells past n_kv must never be read
     v[n_kv:] = np.nan
-    return {"q": normal(rng, n_tokens, n_head, head_dim), "k": k, "v": v, "mask": mask}
+    inputs = {"q": normal(rng, n_tokens, n_head, head_dim), "k": k, "v": v, "mask": mask}
+    if sinks:  # of the scores' order, so the sink takes a real share of each softmax
+        inputs["sinks"] = normal(rng, n_head, scale=2.0)
+    return inputs
 
 
 #: Cache contents for ``attention_rows`` cases: (seq, first pos, n tokens) per fill, in order.

@@ -11,7 +11,8 @@ ratios 1/2/4, several sequences in one mask, a query with no visible cell, and K
 past ``n_kv`` filled with NaN (an op that reads them fails). ``attention_rows`` cases
 (an optional op) use real row lists from :meth:`tessera.engine.kv_cache.KVCache.rows`: ragged
 sequences, padding, a sequence with nothing to see yet, GQA and a sliding window.
-``attention_softcap`` cases are the ``attention`` ones with the scores capped.
+``attention_softcap`` cases are the ``attention`` ones with the scores capped, and again with
+attention sinks instead.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from tessera.testing.conformance.attention import attention_cases, attention_rows_cases
 from tessera.testing.conformance.block import decoder_block_cases
-from tessera.testing.conformance.elementwise import elementwise_cases, tanh_case
+from tessera.testing.conformance.elementwise import elementwise_cases, swiglu_oai_case, tanh_case
 from tessera.testing.conformance.kit import Case
 from tessera.testing.conformance.matmul import (
     gate_up_swiglu_cases,
@@ -54,4 +55,6 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *matmul_n_cases(qtypes),
         *gate_up_swiglu_cases(qtypes),
         *decoder_block_cases(qtypes),
+        *attention_cases("attention_softcap", sinks=True),
+        swiglu_oai_case(),
     ]

@@ -1,5 +1,5 @@
 """Conformance cases of the elementwise ops: ``add`` / ``mul`` with broadcasting, ``scale``,
-the activations and ``swiglu``."""
+the activations, ``swiglu`` and gpt-oss's clamped ``swiglu_oai``."""
 
 from __future__ import annotations
 
@@ -68,5 +68,19 @@ def tanh_case() -> Case:
         {},
         lambda rng: {"x": normal(rng, 7, 64, scale=3.0)},
         lambda b, a: b.tanh(a["x"]),
+        (7, 64),
+    )
+
+
+def swiglu_oai_case() -> Case:
+    # gpt-oss's constants; inputs wide enough that both clamps (gate above 7, up beyond
+    # +-7) take part, and very negative gates, whose sigmoid underflows, too
+    alpha, limit = 1.702, 7.0
+    return Case(
+        "swiglu_oai-T7-E64-a1.702-l7",
+        "swiglu_oai",
+        {"alpha": alpha, "limit": limit},
+        lambda rng: {"g": normal(rng, 7, 64, scale=30.0), "u": normal(rng, 7, 64, scale=8.0)},
+        lambda b, a: b.swiglu_oai(a["g"], a["u"], alpha, limit),
         (7, 64),
     )
