@@ -97,13 +97,15 @@ async def rerank(request: Request) -> Any:
     served = await state.model_for(request, f["model"])
     query = f["query"]
     tei = f["texts"] is not None
+    for name in ("documents", "texts"):  # each one given is checked; texts win (TEI's form)
+        value = f[name]
+        if value is not None and not (
+            isinstance(value, list) and value and all(isinstance(d, str) for d in value)
+        ):
+            raise ApiError(400, f"'{name}' must be a non-empty list of strings", name)
     documents = f["texts"] if tei else f["documents"]
-    if (
-        not isinstance(documents, list)
-        or not documents
-        or not all(isinstance(d, str) for d in documents)
-    ):
-        raise ApiError(400, "'documents' must be a non-empty list of strings", "documents")
+    if documents is None:
+        raise ApiError(400, "'documents' (or 'texts') must be given", "documents")
     top_n = f["top_n"] or len(documents)
     embedder = embedder_of(served)
     try:

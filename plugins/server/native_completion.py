@@ -58,6 +58,13 @@ def requested_n_predict(f: Fields) -> int:
     return n_predict
 
 
+def _response_fields(f: Fields) -> tuple[str, ...]:
+    value = f["response_fields"] or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ApiError(400, "'response_fields' must be a list of field names", "response_fields")
+    return tuple(value)
+
+
 def _refuse_grammars(f: Fields) -> None:
     for name in ("json_schema", "grammar"):
         if f[name]:
@@ -113,7 +120,7 @@ async def run_native(
         f["return_tokens"],
         prompt_only=n_predict == 0,
         max_tokens=max_tokens,
-        response_fields=tuple(f["response_fields"] or ()),
+        response_fields=_response_fields(f),
     )
     try:
         runs = start_runs(served, requests, stops)

@@ -40,10 +40,15 @@ async def native_embedding(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), NATIVE_EMBEDDING)
     served = await state.model_for(request, f["model"])
-    value = f["input"] if f["input"] is not None else f["content"]
-    if value is None:
+    # each one given is checked; "input" wins, as in llama-server
+    given = {
+        name: native_prompts(served.tokenizer, f[name], name)
+        for name in ("input", "content")
+        if f[name] is not None
+    }
+    if not given:
         raise ApiError(400, "'content' (or 'input') must be given: the text to embed", "content")
-    inputs = native_prompts(served.tokenizer, value, "content")
+    inputs = given.get("input", given.get("content"))
     if any(not t for t in inputs):
         raise ApiError(400, "an input has no tokens; send at least one token of text", "content")
     normalize = f["embd_normalize"]
@@ -56,6 +61,7 @@ async def native_embedding(request: Request) -> Any:
             f"{embedder.n_ctx}; shorten it or raise -c",
             longest,
             embedder.n_ctx,
+            "content",
         )
     try:
         vectors = await asyncio.to_thread(_vectors, embedder, inputs, normalize)

@@ -31,8 +31,10 @@ SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
 class ExceedContextError(ApiError):
     """A prompt that does not fit the context (llama-server's exceed_context_size_error)."""
 
-    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(400, message, "prompt")
+    def __init__(
+        self, message: str, n_prompt_tokens: int, n_ctx: int, param: str = "prompt"
+    ) -> None:
+        super().__init__(400, message, param)
         self.n_prompt_tokens = n_prompt_tokens
         self.n_ctx = n_ctx
 

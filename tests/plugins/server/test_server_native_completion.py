@@ -171,9 +171,12 @@ def test_refusals_have_llama_servers_error_shape(server):
     error = answer.json["error"]
     assert answer.status == 400 and error["code"] == 400
     assert error["type"] == "invalid_request_error" and error["param"] == "top_p"
-    for name, value in (("json_schema", {"type": "object"}), ("grammar", "root ::= x")):
-        refused = call(server.url + "/completion", {"prompt": PROMPT, name: value})
-        assert refused.status == 400 and refused.json["error"]["param"] == name
+    refused = [("json_schema", {"type": "object"}), ("grammar", "root ::= x")]
+    refused += [("response_fields", "content"), ("logit_bias", [[1]]), ("prompt", [[1.5]])]
+    for name, value in refused:
+        answer = call(server.url + "/completion", {"prompt": PROMPT, name: value})
+        assert answer.status == 400 and answer.json["error"]["param"] == name, name
+        assert answer.json["error"]["code"] == 400
 
 
 def test_logit_bias_pairs_text_and_false(server):
