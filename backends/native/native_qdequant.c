@@ -13,10 +13,9 @@
  * scale_hi is the scale of values 16..31 (Q6_K's groups of 16), else scale. */
 ALWAYS_INLINE void group32(__m256i codes, int sign, int bias, float scale, float scale_hi,
                            int has_offset, float offset, int subtract, float *y) {
-    uint8_t c[32];
-    _mm256_storeu_si256((__m256i *)c, codes);
+    const __m128i halves[2] = {_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1)};
     for (int j = 0; j < 4; j++) {
-        const __m128i bytes = _mm_loadl_epi64((const __m128i *)(c + 8 * j));
+        const __m128i bytes = j % 2 ? _mm_srli_si128(halves[j / 2], 8) : halves[j / 2];
         __m256i n = sign ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
         n = _mm256_sub_epi32(n, _mm256_set1_epi32(bias));
         __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(n), _mm256_set1_ps(j < 2 ? scale : scale_hi));

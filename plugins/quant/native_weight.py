@@ -47,7 +47,8 @@ class NativeBlockWeight:
 
         if x.shape[0] < self.max_rows:
             return self.native.matmul(self.kind, self.raw, x)
-        return F.linear(x, self.native.dequantize(self.kind, self.raw, x.dtype))
+        # dequantized into a buffer the next weight's matmul reuses: F.linear is done with it
+        return F.linear(x, self.native.dequantize_typed(self.kind, self.raw, x.dtype, scratch=True))
 
     def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the native GEMV."""

@@ -182,12 +182,12 @@ def test_torch_weights_decode_natively_and_prefill_on_the_native_dequantization(
     assert b.paths[f"native {kind}"].path == "native"
     assert w.raw.numpy().nbytes == raw.data.nbytes  # the file's bytes, no dense copy
     calls = []
-    for name in ("matmul", "dequantize"):
+    for name in ("matmul", "dequantize_typed"):
         original = getattr(type(native), name)
         monkeypatch.setattr(type(native), name, _spy(original, name, calls))
     top = w.max_rows  # NATIVE_MAX_ROWS, or AMX_MAX_ROWS with AMX tiles
     x = np.random.default_rng(9).standard_normal((top, 512)).astype(np.float32)
-    for rows, path in ((1, "matmul"), (top - 1, "matmul"), (top, "dequantize")):
+    for rows, path in ((1, "matmul"), (top - 1, "matmul"), (top, "dequantize_typed")):
         calls.clear()
         want = x[:rows] @ dense.T
         got = b.to_numpy(b.matmul(b.from_numpy(x[:rows]), w))
@@ -199,9 +199,9 @@ def test_torch_weights_decode_natively_and_prefill_on_the_native_dequantization(
 
 
 def _spy(original, name, calls):
-    def spy(self, *args):
+    def spy(self, *args, **kwargs):
         calls.append(name)
-        return original(self, *args)
+        return original(self, *args, **kwargs)
 
     return spy
 
