@@ -1,0 +1,116 @@
+"""gpt-oss against transformers, on the checkpoint in tests/data/arch/gpt-oss/hf and the GGUF
+llama.cpp's converter made from it (tests/data/arch/gpt-oss/README.md says how).
+
+The fixture has what makes gpt-oss gpt-oss: a learned sink per head in every softmax,
+layers that slide (window 4) and attend fully in turn, YaRN x32 with transformers' exact
+correction range (``truncate: false``), Q/K/V/O biases, 6 experts of which 4 per token are
+weighed by the softmax of their router logits (router with a bias), expert biases and the
+SwiGLU clamped at 7 (wide expert weights, so the clamps bite). tessera loads the folder,
+llama.cpp's GGUF and its own conversion, on numpy and torch (f32), and must give
+transformers' logits for every row of a 16-token prompt (measured max abs error 5e-6;
+logits std 0.79) and its greedy continuation, prefilled in ubatches of 5.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import numpy as np
+import pytest
+from gpt_oss_oracle import (
+    BACKENDS,
+    HF_DIR,
+    LLAMA_CPP_F32,
+    N_PROMPT,
+    RUNTIME,
+    TOL,
+    hf_config,
+    tessera_greedy,
+    tessera_logits,
+    transformers_answers,
+)
+
+from tessera.files.gguf import read_gguf
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
+from tessera.testing.pytest_plugin import architecture_conformance
+
+test_conformance_numpy = architecture_conformance("gpt-oss", runtime=RUNTIME)
+test_conformance_torch = architecture_conformance(
+    "gpt-oss", backend="torch", dtype="f32", runtime=RUNTIME
+)
+SOURCES = ("hf", "llama.cpp-gguf", "tessera-gguf")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    converted = convert_hf_to_gguf(
+        HF_DIR, tmp_path_factory.mktemp("gpt-oss") / "t.gguf", RUNTIME, "f32"
+    )
+    return {"hf": HF_DIR, "llama.cpp-gguf": LLAMA_CPP_F32, "tessera-gguf": converted}
+
+
+def expected(source: str) -> tuple[np.ndarray, list[int]]:
+    # llama.cpp's file cannot say truncate: false; tessera's says it in a key of its own
+    return transformers_answers(HF_DIR, truncate=True if source == "llama.cpp-gguf" else None)
+
+
+def test_the_fixture_exercises_the_window_the_sinks_yarn_and_the_experts():
+    hf = hf_config()
+    assert hf["architectures"] == ["GptOssForCausalLM"]
+    assert hf["sliding_window"] < N_PROMPT
+    assert hf["layer_types"] == ["sliding_attention", "full_attention"]
+    assert hf["rope_parameters"]["rope_type"] == "yarn"
+    assert hf["rope_parameters"]["truncate"] is False
+    assert (hf["num_local_experts"], hf["num_experts_per_tok"]) == (6, 4)
+
+
+def test_yarn_truncation_changes_the_logits_far_beyond_the_tolerance():
+    """Why the llama.cpp GGUF is compared with ``truncate: true``: the two differ."""
+    exact, truncated = transformers_answers(HF_DIR)[0], transformers_answers(HF_DIR, True)[0]
+    assert np.abs(exact - truncated).max() > 100 * TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_logits_of_every_prompt_row_match_transformers(files, source, backend):
+    logits = tessera_logits(files[source], backend)
+    want = expected(source)[0]
+    assert logits.shape == want.shape
+    assert np.abs(logits - want).max() < TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_greedy_continuation_matches_transformers_generate(files, source, backend):
+    assert tessera_greedy(files[source], backend) == expected(source)[1]
+
+
+def test_llama_cpp_gguf_reads_as_the_folder_and_tessera_writes_it_alike(files):
+    arch = RUNTIME.architecture("gpt-oss")
+    from_hf = arch.config_from_hf(hf_config())
+    theirs, ours = read_gguf(LLAMA_CPP_F32), read_gguf(files["tessera-gguf"])
+    for gguf, truncate in ((theirs, True), (ours, False)):
+        shapes = {n: t.shape for n, t in gguf.tensors.items()}
+        config = arch.config_from_gguf(gguf.metadata, shapes)
+        assert config.rms_eps == pytest.approx(from_hf.rms_eps)  # GGUF stores it as f32
+        want = attrs.evolve(from_hf, yarn=attrs.evolve(from_hf.yarn, truncate=truncate))
+        assert attrs.evolve(config, rms_eps=from_hf.rms_eps) == want
+    # the same tensors, bit for bit: names, the gate/up split, the transposes, the biases
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name, tensor in theirs.tensors.items():
+        assert ours.tensors[name].shape == tensor.shape, name
+        assert np.array_equal(ours.tensors[name].data, tensor.data), name
+    keys = {k: v for k, v in theirs.metadata.items() if k.startswith("gpt-oss.")}
+    assert {k: ours.metadata.get(k) for k in keys} == keys
+    assert ours.metadata["gpt-oss.rope.scaling.yarn_truncate"] is False
+
+
+def test_tessera_plugins_lists_the_architecture(capsys):
+    from tessera.cli.main import main
+
+    assert main(["plugins", "--json", "--no-probe"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (plugin,) = [p for p in report["plugins"] if p["name"] == "arch-gpt-oss"]
+    assert plugin["module"] == "tessera.models.gpt_oss.arch"
+    assert "gpt-oss" in report["architectures"]
