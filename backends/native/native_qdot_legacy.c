@@ -227,10 +227,70 @@ ALWAYS_INLINE void iq4_xs_rows(const uint8_t *w, const tsr_acts *a, int64_t i0, 
     for (int i = 0; i < MI; i++) y[i] = hsum(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
+#if TSR_ZMM
+/* The 8 group scales d (ls - 32) of an IQ4_XS super-block as floats: the low nibbles of
+ * scales_l interleaved, the high 2 bits of scales_h shifted out per group. */
+ALWAYS_INLINE __m256 iq4_xs_scales(const uint8_t *blk) {
+    uint16_t h;
+    uint32_t l;
+    memcpy(&h, blk + 2, 2);
+    memcpy(&l, blk + 4, 4);
+    const __m128i low4 = _mm_set1_epi8(0x0F), lv = _mm_cvtsi32_si128((int)l);
+    const __m128i low = _mm_unpacklo_epi8(_mm_and_si128(lv, low4), _mm_and_si128(_mm_srli_epi16(lv, 4), low4));
+    __m128i high = _mm_srlv_epi16(_mm_set1_epi16((short)h), _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14));
+    high = _mm_slli_epi16(_mm_and_si128(high, _mm_set1_epi16(3)), 4);
+    const __m128i ls = _mm_or_si128(low, _mm_packus_epi16(high, high));
+    const __m256i scale = _mm256_sub_epi32(_mm256_cvtepu8_epi32(ls), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_set1_ps(f16_at(blk)), _mm256_cvtepi32_ps(scale));
+}
+
+/* Four IQ4_XS rows as four IQ4_NL rows whose group scales change per super-block: the rows'
+ * 8 scales each, transposed to 4 rows' scales per group. */
+ALWAYS_INLINE void iq4_xs_4rows(const uint8_t *w, int64_t rb, const tsr_acts *a, int64_t i0,
+                                int MI, float *y) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    __m512 acc[QUANT_MI];
+    __m128 mins[QUANT_MI];
+    for (int i = 0; i < MI; i++) acc[i] = _mm512_setzero_ps(), mins[i] = _mm_setzero_ps();
+    for (int64_t sb = 0; sb < a->n_in / 256; sb++) {
+        const uint8_t *blk = w + sb * 136;
+        for (int r = 0; r < 4; r++)
+            for (int off = 0; off < 136; off += 64) prefetch1(blk + r * rb + PREFETCH + off);
+        const __m256 f0 = iq4_xs_scales(blk), f1 = iq4_xs_scales(blk + rb);
+        const __m256 f2 = iq4_xs_scales(blk + 2 * rb), f3 = iq4_xs_scales(blk + 3 * rb);
+        const __m256 t0 = _mm256_unpacklo_ps(f0, f1), t1 = _mm256_unpackhi_ps(f0, f1);
+        const __m256 t2 = _mm256_unpacklo_ps(f2, f3), t3 = _mm256_unpackhi_ps(f2, f3);
+        /* u[k]: the four rows' scales of groups k (low half) and k + 4 (high half) */
+        const __m256 u[4] = {_mm256_shuffle_ps(t0, t2, 0x44), _mm256_shuffle_ps(t0, t2, 0xEE),
+                             _mm256_shuffle_ps(t1, t3, 0x44), _mm256_shuffle_ps(t1, t3, 0xEE)};
+        for (int g = 0; g < 8; g++) {
+            const __m512i z = bytes16_of_4rows(blk + 8 + 16 * g, rb);
+            const __m512i lo = _mm512_shuffle_epi8(iq4_table_u8(), _mm512_and_si512(z, nib));
+            const __m512i hi = _mm512_shuffle_epi8(iq4_table_u8(), _mm512_and_si512(_mm512_srli_epi16(z, 4), nib));
+            const __m128 scale = g < 4 ? _mm256_castps256_ps128(u[g]) : _mm256_extractf128_ps(u[g - 4], 1);
+            legacy_block_4rows(lo, hi, scale, _mm_setzero_ps(), LEG_IQ4_NL, a, i0, MI, sb * 8 + g, acc, mins);
+        }
+    }
+    for (int i = 0; i < MI; i++)
+        for (int r = 0; r < 4; r++)
+            y[i * QUANT_ROWS + r] = _mm512_mask_reduce_add_ps((__mmask16)(0xF << 4 * r), acc[i]);
+}
+#endif
+
 TSR_DOT_BY_ROW(iq4_xs, iq4_xs_rows)
 
 void tsr_dot_iq4_xs(const uint8_t *w, int64_t row_bytes, int n_rows, const tsr_acts *a,
                     int64_t i0, int64_t mi, float *y) {
+#if TSR_ZMM
+    if (n_rows == QUANT_ROWS) {
+        switch (mi) {
+        case 1: iq4_xs_4rows(w, row_bytes, a, i0, 1, y); return;
+        case 2: iq4_xs_4rows(w, row_bytes, a, i0, 2, y); return;
+        case 3: iq4_xs_4rows(w, row_bytes, a, i0, 3, y); return;
+        default: iq4_xs_4rows(w, row_bytes, a, i0, 4, y); return;
+        }
+    }
+#endif
     iq4_xs_by_row(w, row_bytes, n_rows, a, i0, mi, y);
 }
 
