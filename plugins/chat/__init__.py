@@ -6,6 +6,6 @@ nothing else of it.
 """
 
 from tessera.plugins.chat.session import ChatSession, chat_template
-from tessera.plugins.chat.stop_strings import StopStringMatcher
+from tessera.text.stop_strings import StopStringMatcher
 
 __all__ = ["ChatSession", "StopStringMatcher", "chat_template"]

@@ -5,7 +5,7 @@ The assistant's answer is a list of parts, not one string (as llama.cpp 0.7.0 ha
 
     session = ChatSession(template, fmt, messages, tools=tools, tool_choice=tool_choice)
     prompt = session.prompt()                  # add_generation_prompt=True, tools rendered
-    for piece in detokenized_pieces:           # after the stop-string filter (stop_strings.py)
+    for piece in detokenized_pieces:           # after the stop strings (tessera.text.stop_strings)
         for delta in session.feed(piece):      # OpenAI ``choices[].delta`` dicts
             send(delta)
     result = session.finish()                  # the rest of the deltas in result.deltas

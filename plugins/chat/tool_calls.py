@@ -13,18 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from typing import Any, ClassVar
 
+from tessera.text.stop_strings import partial_suffix
+
 ParsedCall = tuple[str, str, "str | None"]
-
-
-def partial_suffix(text: str, markers: Collection[str]) -> int:
-    """Length of the longest end of ``text`` that is a proper prefix of one of ``markers``."""
-    longest = 0
-    for marker in markers:
-        for size in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:size]):
-                longest = size
-                break
-    return longest
 
 
 def json_value_end(text: str, start: int = 0) -> int | None:

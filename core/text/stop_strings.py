@@ -7,18 +7,29 @@ and reports the first stop string found; the text before it is the last to send 
 string itself is never sent. At the end of generation, :meth:`StopStringMatcher.flush` gives
 back what was held.
 
-The server runs it before :class:`tessera.plugins.chat.session.ChatSession`, so a stop string ends
-the answer before the chat layer sees it.
+It lives in the core, beside the stream decoder, because :class:`tessera.LLM` applies stop strings
+as the server does; the server runs it before its chat parser, so a stop string ends the answer
+before the chat layer sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import attrs
 
 from tessera.errors import TesseraError
-from tessera.plugins.chat.tool_calls import partial_suffix
+
+
+def partial_suffix(text: str, markers: Collection[str]) -> int:
+    """Length of the longest end of ``text`` that is a proper prefix of one of ``markers``."""
+    longest = 0
+    for marker in markers:
+        for size in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:size]):
+                longest = size
+                break
+    return longest
 
 
 @attrs.frozen

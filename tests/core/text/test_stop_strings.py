@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.errors import TesseraError
-from tessera.plugins.chat.stop_strings import StopStringMatcher
+from tessera.text.stop_strings import StopStringMatcher
 
 
 def _oracle(text: str, stops: list[str]) -> tuple[str, str | None]:
