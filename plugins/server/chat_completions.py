@@ -19,7 +19,15 @@ from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import CHAT
 from .fields import Fields, read_json
-from .generation import ChoiceRun, Piece, run_all, start_runs, timings, usage
+from .generation import (
+    ChoiceRun,
+    Piece,
+    finish_timings,
+    run_all,
+    start_runs,
+    timings,
+    usage,
+)
 from .openai_common import (
     SSE_HEADERS,
     generation_requests,
@@ -154,7 +162,10 @@ def _stream(
     def on_end(i: int) -> list[dict]:
         out = deltas(i, sessions[i].finish().deltas)
         reason = "tool_calls" if called[i] else runs[i].finish_reason
-        return [*out, chunk(i, {}, reason)]
+        last = chunk(i, {}, reason)
+        if runs[i].finish is not None:  # llama-server's timings, on each choice's last chunk
+            last["timings"] = finish_timings(runs[i].finish)
+        return [*out, last]
 
     def tail() -> list[dict]:
         return [{**head, "choices": [], "usage": usage(runs)}] if include_usage else []

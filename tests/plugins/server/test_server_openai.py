@@ -73,6 +73,11 @@ def test_chat_streamed_and_whole_agree_and_the_role_comes_first(client):
     assert whole.choices[0].message.role == "assistant"
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
     assert whole.object == "chat.completion" and chunks[1].object == "chat.completion.chunk"
+    # llama-server's timings ride on the choice's last chunk (what the web UI's tok/s reads)
+    (last,) = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert last.timings["predicted_n"] == chunks[-1].usage.completion_tokens
+    assert last.timings["predicted_n"] == whole.usage.completion_tokens
+    assert last.timings["predicted_per_second"] > 0
 
 
 def test_max_completion_tokens_is_an_alias(client):
