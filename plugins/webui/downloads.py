@@ -50,6 +50,9 @@ class Download:
     error: str | None = None
     bytes_per_s: float = 0.0
     validator: str | None = None
+    #: The current attempt got an answer from the server (a failure before that means it
+    #: never connected: nothing was interrupted).
+    answered: bool = False
     stop: threading.Event = attrs.field(factory=threading.Event)
     thread: threading.Thread | None = None
 
@@ -188,9 +191,24 @@ class Downloads:
             d.state, d.error = "failed", f"the server answered {exc.code} {exc.reason} for {d.url}"
             d.part.unlink(missing_ok=True)
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            if d.state == "downloading":
+            if d.state != "downloading":
+                return
+            if d.answered:
                 d.state = "interrupted"
                 d.error = f"the transfer broke ({exc}); resume it to continue where it stopped"
+                return
+            host = urllib.parse.urlsplit(d.url).netloc
+            reason = getattr(exc, "reason", exc)
+            if d.part.exists() and d.part.stat().st_size:
+                d.state = "interrupted"
+                d.error = f"could not reconnect to {host} ({reason}); resume it to try again"
+            else:
+                d.state = "failed"
+                d.error = (
+                    f"could not connect to {host} ({reason}); check the URL and that the "
+                    "server is reachable, then start the download again"
+                )
+                d.part.unlink(missing_ok=True)
 
     def _fetch(self, d: Download) -> bool:
         """Transfer the missing bytes into the part file; False when stopped."""
@@ -201,7 +219,9 @@ class Downloads:
             if d.validator:
                 headers["If-Range"] = d.validator
         request = urllib.request.Request(d.url, headers=headers)
+        d.answered = False
         with urllib.request.urlopen(request, timeout=TIMEOUT_S) as r:
+            d.answered = True
             if offset and r.status == 206:
                 start, total = _content_range(r.headers.get("Content-Range", ""))
                 if start != offset:

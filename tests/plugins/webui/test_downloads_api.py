@@ -5,6 +5,7 @@ registry only when complete, pause, resume and cancel."""
 from __future__ import annotations
 
 import hashlib
+import socket
 
 import pytest
 from conftest import call, rows, wait_for
@@ -84,6 +85,37 @@ def test_a_server_ignoring_range_restarts_from_zero(dl_server, files):
     call(srv.url + "/api/downloads/resume", {"id": d["id"]})
     _state(srv, d["id"], "done")
     assert (models_dir / "remote.gguf").read_bytes() == data
+
+
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_download_that_never_connects_fails_and_says_so(dl_server):
+    srv, models_dir = dl_server
+    url = f"http://127.0.0.1:{_closed_port()}/remote.gguf"
+    d = call(srv.url + "/api/downloads", {"url": url})[1]
+    failed = _state(srv, d["id"], "failed", "interrupted")
+    assert failed["state"] == "failed" and failed["done_bytes"] == 0
+    assert "could not connect to 127.0.0.1" in failed["error"]
+    assert "interrupted" not in failed["error"] and "resume" not in failed["error"]
+    assert list(models_dir.iterdir()) == []
+
+
+def test_a_broken_download_whose_server_went_away_stays_resumable(dl_server, model_sources):
+    srv, models_dir = dl_server
+    data = model_sources["gamma.gguf"].read_bytes()
+    with file_server({"remote.gguf": data}) as (base, control):
+        control.cut_at["remote.gguf"] = 40_000
+        d = call(srv.url + "/api/downloads", {"url": base + "/remote.gguf"})[1]
+        _state(srv, d["id"], "interrupted")
+    call(srv.url + "/api/downloads/resume", {"id": d["id"]})  # the file server is gone
+    again = _state(srv, d["id"], "interrupted")
+    assert again["error"].startswith("could not reconnect") and "resume" in again["error"]
+    assert (models_dir / ".remote.gguf.part").stat().st_size == 40_000
 
 
 def test_bad_checksum_is_rejected_and_removed(dl_server, files):
