@@ -11,6 +11,10 @@ A :class:`ChatFormat` names the reasoning markers (``<think>``/``</think>``, ``[
   ``name[ARGS]{...}`` (Mistral Small 3.2, Devstral, Ministral 3);
 - ``deepseek``: ``<｜tool▁calls▁begin｜>`` ... ``<｜tool▁calls▁end｜>`` (DeepSeek R1, V3.1).
 
+gpt-oss's harmony format (channels, recipients) is no marker syntax: a template that writes
+``<|channel|>`` and ``<|message|>`` gets ``ChatFormat.harmony``, and its answers are parsed by
+:class:`tessera.plugins.chat.harmony.HarmonyParser`.
+
 A new family is a :class:`ToolCallSyntax` subclass passed to :func:`detect_chat_format`
 (``syntaxes=``); see docs/chat.md.
 """
@@ -67,12 +71,17 @@ class ChatFormat:
     name: str
     reasoning: ReasoningMarkers | None = None
     tool_syntax: ToolCallSyntax | None = None
+    #: gpt-oss's harmony messages (reasoning, content and tool calls by channel and
+    #: recipient) instead of markers.
+    harmony: bool = False
 
 
 def detect_chat_format(
     template_source: str, syntaxes: Sequence[ToolCallSyntax] = BUILTIN_SYNTAXES
 ) -> ChatFormat:
     """The format of a chat template; the first syntax in ``syntaxes`` that matches wins."""
+    if "<|channel|>" in template_source and "<|message|>" in template_source:
+        return ChatFormat(name="harmony", harmony=True)
     reasoning = None
     for markers in (THINK_TAGS, MISTRAL_THINK):
         if markers.start in template_source and markers.end in template_source:

@@ -40,6 +40,7 @@ import attrs
 
 from tessera.errors import TesseraError
 from tessera.plugins.chat.format import ChatFormat, ReasoningMarkers, detect_chat_format
+from tessera.plugins.chat.harmony import HarmonyParser, harmony_messages
 from tessera.plugins.chat.parser import (
     AnswerParser,
     Delta,
@@ -234,14 +235,20 @@ class ChatSession:
         self.reasoning: ReasoningMarkers | None = (
             self.format.reasoning if reasoning_format != "none" else None
         )
+        if self.format.harmony:
+            messages = harmony_messages(messages)
         self._prompt = _render(template, messages, offered, dict(template_kwargs or {}))
         reasoning_open = self.reasoning is not None and self._prompt.rstrip().endswith(
             self.reasoning.start
         )
         new_id = id_factory or (self.tool_syntax.new_id if self.tool_syntax else openai_call_id)
-        self._parser = AnswerParser(
-            self.reasoning, self.tool_syntax, self.tool_names, new_id, reasoning_open
-        )
+        self._parser: AnswerParser | HarmonyParser
+        if self.format.harmony:  # channels, not markers: reasoning unless "none"
+            self._parser = HarmonyParser(reasoning_format != "none", self.tool_names, new_id)
+        else:
+            self._parser = AnswerParser(
+                self.reasoning, self.tool_syntax, self.tool_names, new_id, reasoning_open
+            )
         self._result: ChatResult | None = None
 
     def prompt(self) -> str:
