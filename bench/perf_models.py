@@ -23,6 +23,7 @@ from tessera.testing.shapes import SHAPES, shape_config
 
 #: --type names -> tessera quantize targets.
 TYPES = {"F16": "f16", "BF16": "bf16", "F32": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k"}
+TYPES |= {"Q4_K_M": "Q4_K_M", "Q5_K_M": "Q5_K_M"}  # llama-quantize's mixes, per-tensor types
 #: Vocabulary sizes of the real models behind the shapes (the shapes shrink them).
 REAL_VOCAB = {"qwen2-0.5b": 151936, "qwen3-0.6b": 151936, "llama-1b": 128256}
 
