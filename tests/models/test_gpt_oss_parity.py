@@ -8,7 +8,10 @@ weighed by the softmax of their router logits (router with a bias), expert biase
 SwiGLU clamped at 7 (wide expert weights, so the clamps bite). tessera loads the folder,
 llama.cpp's GGUF and its own conversion, on numpy and torch (f32), and must give
 transformers' logits for every row of a 16-token prompt (measured max abs error 5e-6;
-logits std 0.79) and its greedy continuation, prefilled in ubatches of 5.
+logits std 0.79) and its greedy continuation, prefilled in ubatches of 5. tessera's
+conversion writes llama.cpp's tensors bit for bit; the chat template the GGUF carries renders
+and tokenizes as transformers' ``apply_chat_template``; the architecture conformance kit;
+``tessera plugins`` lists the plugin.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from gpt_oss_oracle import (
     RUNTIME,
     TOL,
     hf_config,
+    load,
     tessera_greedy,
     tessera_logits,
     transformers_answers,
@@ -34,6 +38,7 @@ from gpt_oss_oracle import (
 from tessera.files.gguf import read_gguf
 from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.pytest_plugin import architecture_conformance
+from tessera.text.chat_template import ChatTemplate
 
 test_conformance_numpy = architecture_conformance("gpt-oss", runtime=RUNTIME)
 test_conformance_torch = architecture_conformance(
@@ -114,3 +119,30 @@ def test_tessera_plugins_lists_the_architecture(capsys):
     (plugin,) = [p for p in report["plugins"] if p["name"] == "arch-gpt-oss"]
     assert plugin["module"] == "tessera.models.gpt_oss.arch"
     assert "gpt-oss" in report["architectures"]
+
+
+CONVERSATION = [
+    {"role": "system", "content": "Be terse."},
+    {"role": "user", "content": "Name a prime."},
+    {"role": "assistant", "content": "Seven."},
+    {"role": "user", "content": "Another one?"},
+]
+
+
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_chat_template_of_the_gguf_renders_and_tokenizes_as_transformers(add_generation_prompt):
+    from transformers import AutoTokenizer
+
+    tok = load(LLAMA_CPP_F32, "numpy").tokenizer
+    bos, eos = tok.token_to_piece(tok.bos_id), tok.token_to_piece(tok.eos_id)
+    assert (bos, eos) == ("<|startoftext|>", "<|return|>")
+    hf = AutoTokenizer.from_pretrained(HF_DIR)
+    want = hf.apply_chat_template(
+        CONVERSATION, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    ours = ChatTemplate(tok.chat_template, bos, eos)
+    assert ours.render(CONVERSATION, add_generation_prompt=add_generation_prompt) == want
+    assert "<|start|>user<|message|>Another one?<|end|>" in want
+    # the harmony markers are single tokens, as in transformers' encoding
+    ids = tok.encode(want, add_special=False, parse_special=True)
+    assert ids == hf(want, add_special_tokens=False)["input_ids"]
