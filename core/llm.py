@@ -1,0 +1,292 @@
+"""``tessera.LLM``: a model in a Python program, answering as llama-cpp-python's ``Llama`` does.
+
+One object loads the model (the bundled one when none is named), keeps one context and
+generates through a :class:`~tessera.engine.cached_sequence.CachedSequence`, so a prompt
+that starts like the previous one (the next turn of a chat) evaluates only what is new.
+``complete`` and ``chat`` return OpenAI-shaped dicts (:mod:`tessera.llm_responses`), or
+iterators of chunks with ``stream=True``; sampling keywords are OpenAI's. See
+docs/python-api.md. An LLM runs one generation at a time: starting one closes a stream
+still open on the same object.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.engine.cached_sequence import CachedSequence
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import GenerationStats, check_prompt
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.errors import TesseraError
+from tessera.files.load import default_model_path, load_model
+from tessera.llm_responses import Response, RunTotals, chat_chunks, completion_chunks
+from tessera.plugin_manager import PluginFailure, Runtime
+from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
+from tessera.text.stop_strings import StopStringMatcher
+from tessera.text.stream import StreamDecoder
+
+_CONTEXT_FIELDS = tuple(f.name for f in attrs.fields(ContextParams))
+
+
+def _warn(failure: PluginFailure) -> None:
+    warnings.warn(f"plugin '{failure.name}' skipped: {failure.error}", stacklevel=2)
+
+
+def _check_messages(messages: Any) -> list[dict]:
+    ok = isinstance(messages, list) and messages
+    if not ok or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise TesseraError(
+            "messages must be a non-empty list of dicts with a 'role' and a 'content', "
+            'e.g. [{"role": "user", "content": "Hello"}]'
+        )
+    return messages
+
+
+class LLM:
+    """A loaded model with one context (see the module docstring).
+
+    ``model``: a GGUF file, a Hugging Face folder or a packaged model's name (None: the
+    bundled default model). ``backend``, ``device``, ``dtype`` and ``n_threads`` choose
+    where it runs, as ``--backend --device --dtype -t`` do; ``pooling`` is the embedding
+    pooling (default: the model's); ``chat_template`` replaces the model's template.
+    Other keywords are :class:`~tessera.engine.context.ContextParams` fields (``n_ctx``
+    0 or absent: the model's trained context, at most 4096).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        backend: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        n_threads: int = 0,
+        pooling: str | None = None,
+        chat_template: str | None = None,
+        **context_params: Any,
+    ) -> None:
+        unknown = sorted(set(context_params) - set(_CONTEXT_FIELDS))
+        if unknown:
+            raise TesseraError(
+                f"LLM got unknown option(s) {', '.join(unknown)}; it takes backend, device, "
+                f"dtype, n_threads, pooling, chat_template and {', '.join(_CONTEXT_FIELDS)}"
+            )
+        runtime = Runtime(on_failure=_warn)
+        self.model = load_model(
+            model if model is not None else default_model_path(),
+            runtime,
+            backend,
+            device=device,
+            dtype=dtype,
+        )
+        if n_threads > 0:
+            self.model.backend.set_threads(n_threads)
+        n_ctx = int(context_params.pop("n_ctx", 0)) or min(self.model.n_ctx_train, 4096)
+        #: The context's settings (sizes, flash attention ...).
+        self.context_params = ContextParams(n_ctx=n_ctx, **context_params)
+        #: The name the responses carry in ``model`` (the file or folder name).
+        self.model_name = Path(self.model.path).name
+        self._pooling = pooling
+        self._template_source = chat_template
+        self._seq: CachedSequence | None = None
+        self._embedder: Any = None
+        self._active: Iterator[str] | None = None
+        self._closed = False
+
+    # -- the pieces, made when first needed ----------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TesseraError("this LLM is closed; make a new one")
+
+    @property
+    def tokenizer(self) -> Any:
+        self._check_open()
+        if self.model.tokenizer is None:
+            raise TesseraError(f"'{self.model.path}' has no tokenizer; use a model with one")
+        return self.model.tokenizer
+
+    @property
+    def n_ctx(self) -> int:
+        return self.context_params.n_ctx
+
+    def _sequence(self) -> CachedSequence:
+        self._check_open()
+        if self._seq is None:
+            self._seq = CachedSequence(Context(self.model, self.context_params))
+        return self._seq
+
+    # -- tokens ----------------------------------------------------------------------------
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = False
+    ) -> list[int]:
+        """Token ids of ``text`` (with the model's BOS when ``add_special``)."""
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """The text of token ids."""
+        return self.tokenizer.decode([int(i) for i in ids], skip_special=skip_special)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def complete(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """Continue ``prompt`` (text, or token ids); a ``text_completion`` dict, or with
+        ``stream`` an iterator of its chunks. ``max_tokens`` None or 0: until the model
+        ends or the context is full; ``temperature`` 0: greedy; ``seed`` None: random."""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        params = SamplerParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, seed=seed,
+        )  # fmt: skip
+        totals = RunTotals()
+        pieces = self._generate(tokens, params, max_tokens, stop, totals)
+        response = Response.new("cmpl", self.model_name)
+        if stream:
+            return completion_chunks(response, pieces, totals)
+        return response.completion("".join(pieces), totals)
+
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        stream: bool = False,
+    ) -> Any:
+        """Answer OpenAI-style ``messages`` with the model's chat template; a
+        ``chat.completion`` dict, or with ``stream`` an iterator of ``chat.completion.chunk``
+        dicts. The keywords are :meth:`complete`'s (defaults as llama-cpp-python's)."""
+        tokens = encode_chat_prompt(self.tokenizer, self.chat_prompt(messages))
+        params = SamplerParams(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, seed=seed,
+        )  # fmt: skip
+        totals = RunTotals()
+        pieces = self._generate(tokens, params, max_tokens, stop, totals)
+        response = Response.new("chatcmpl", self.model_name)
+        if stream:
+            return chat_chunks(response, pieces, totals)
+        return response.chat_completion("".join(pieces), totals)
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        """The prompt text :meth:`chat` evaluates for ``messages``."""
+        template = model_chat_template(self.tokenizer, self._template_source)
+        return template.render(_check_messages(messages), add_generation_prompt=True)
+
+    def _generate(
+        self,
+        tokens: list[int],
+        params: SamplerParams,
+        max_tokens: int | None,
+        stop: str | Sequence[str] | None,
+        totals: RunTotals,
+    ) -> Iterator[str]:
+        """Check what can be checked now, then the text pieces (stop strings applied)."""
+        seq = self._sequence()
+        check_prompt(seq.ctx, tokens)  # refused before a stream is handed back
+        stops = StopStringMatcher([stop] if isinstance(stop, str) else list(stop or ()))
+        totals.n_prompt = len(tokens)
+        n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else -1
+        pieces = self._pieces(seq, tokens, n_predict, Sampler(params), stops, totals)
+        if self._active is not None:
+            self._active.close()  # its record of the cache is settled before the cache moves
+        self._active = pieces
+        return pieces
+
+    def _pieces(
+        self,
+        seq: CachedSequence,
+        tokens: list[int],
+        n_predict: int,
+        sampler: Sampler,
+        stops: StopStringMatcher,
+        totals: RunTotals,
+    ) -> Iterator[str]:
+        tok = self.tokenizer
+        decoder = StreamDecoder(tok)
+        stats = GenerationStats()
+        generated = seq.generate(tokens, n_predict, sampler, eog_ids=tok.eog_ids, stats=stats)
+        try:
+            for token in generated:
+                totals.n_completion += 1
+                check = stops.feed(decoder.feed(token))
+                if check.text:
+                    yield check.text
+                if check.stopped:
+                    totals.finish_reason = "stop"
+                    return
+            check = stops.feed(decoder.flush())
+            tail = check.text + ("" if check.stopped else stops.flush())
+            if tail:
+                yield tail
+            # generate counts an end-of-generation token it drew but did not yield
+            ended = check.stopped or stats.n_generated > totals.n_completion
+            totals.finish_reason = "stop" if ended else "length"
+        except GeneratorExit:
+            totals.cut = True
+            raise
+        finally:
+            generated.close()
+
+    # -- embeddings ------------------------------------------------------------------------
+
+    def embed(self, texts: str | Sequence[str]) -> np.ndarray:
+        """Pooled, L2-normalized embeddings: float32 ``(n, n_embd)`` for a list of texts,
+        ``(n_embd,)`` for one. A model that pools ``none`` (most generative models) needs
+        ``LLM(..., pooling="mean")`` (or ``cls``, ``last``)."""
+        from tessera.engine.embed import Embedder
+
+        self._check_open()
+        if self._embedder is None:
+            self._embedder = Embedder(self.model, pooling=self._pooling)
+        if self._embedder.pooling in ("none", "rank"):
+            raise TesseraError(
+                f"this model pools '{self._embedder.pooling}', which gives no single vector per "
+                "text; pass LLM(..., pooling='mean') (or 'cls', 'last') to embed with it"
+            )
+        one = isinstance(texts, str)
+        vectors, _ = self._embedder.embed_texts([texts] if one else list(texts))
+        return vectors[0] if one else vectors
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the context, the embedder and the model; later calls raise."""
+        if self._active is not None:
+            self._active.close()
+        self._active = self._seq = self._embedder = None
+        self.model = None
+        self._closed = True
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
