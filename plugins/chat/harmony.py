@@ -75,6 +75,7 @@ class HarmonyParser:
         self._kind = ""
         self._header = ""
         self._tool = ""
+        self._text_from = 0  # where plain text may meet the next header
         self._strip_leading = True
         #: The next text opens a message that continues a part of its kind: a newline first.
         self._join = False
@@ -116,6 +117,8 @@ class HarmonyParser:
         starts = any(head.startswith(s) or s.startswith(head) for s in HEADER_STARTS)
         if not starts or pos > MAX_HEADER or (pos < 0 and len(buf) > MAX_HEADER):
             self._state = "text"  # not harmony: plain content up to the next header
+            # the marker that opened the header that was none is text too
+            self._text_from = len(buf) - len(head) + 1 if starts else 0
             return True
         if pos < 0:
             if final and re.fullmatch(r"\s*(<\|start\|>\s*assistant\s*)?", buf) is None:
@@ -192,15 +195,18 @@ class HarmonyParser:
 
     def _step_text(self, deltas: list[Delta], final: bool) -> bool:
         buf = self._buffer
-        found = [buf.find(m) for m in (START, CHANNEL) if m in buf]
+        found = [p for p in (buf.find(m, self._text_from) for m in (START, CHANNEL)) if p >= 0]
         if found:
             pos = min(found)
             self._emit("content", buf[:pos], deltas, strip=False)
-            self._buffer, self._state = buf[pos:], "header"
+            self._buffer, self._state, self._text_from = buf[pos:], "header", 0
             return True
         safe = len(buf) if final else len(buf) - partial_suffix(buf, (START, CHANNEL))
+        safe = max(safe, min(self._text_from, len(buf)))  # the false header's marker is text
         self._emit("content", buf[:safe], deltas, strip=False)
         self._buffer = buf[safe:]
+        if safe:
+            self._text_from = 0
         return False
 
     def _emit(self, kind: str, text: str, deltas: list[Delta], strip: bool = True) -> None:

@@ -126,6 +126,11 @@ CASES = {
         "<|channel|>analysis<|message|>Thinking about it ",
         [ReasoningPart("Thinking about it")],
     ),
+    "a-header-that-never-ends-is-text": (
+        {},
+        "<|channel|>" + "x" * 300 + "<|start|>assistant<|channel|>final<|message|>y",
+        [TextPart("<|channel|>" + "x" * 300 + "y")],
+    ),
     "not-harmony-at-all": (
         {},
         "Plain words, then a <|channel|>final<|message|>x",
