@@ -146,3 +146,27 @@ def test_chat_template_of_the_gguf_renders_and_tokenizes_as_transformers(add_gen
     # the harmony markers are single tokens, as in transformers' encoding
     ids = tok.encode(want, add_special=False, parse_special=True)
     assert ids == hf(want, add_special_tokens=False)["input_ids"]
+
+
+def test_what_llama_cpp_cannot_derive_round_trips_through_tessera_keys():
+    """A layer pattern other than period 2, a sliding base of its own, untruncated YaRN and
+    other SwiGLU constants are written as keys (llama.cpp's pattern key, tessera's others)."""
+    arch = RUNTIME.architecture("gpt-oss")
+    config = arch.example_config(n_layer=3)
+    config = attrs.evolve(
+        config,
+        swa_layers=(False, True, True),
+        rope_freq_base_swa=10000.0,
+        yarn=attrs.evolve(config.yarn, truncate=False),
+        swiglu_alpha=1.5,
+        swiglu_limit=5.0,
+    )
+    metadata = arch.gguf_metadata(config)
+    assert metadata["gpt-oss.attention.sliding_window_pattern"] == [False, True, True]
+    assert arch.config_from_gguf(metadata, arch.tensor_shapes(config)) == config
+    plain = arch.example_config(n_layer=3)
+    keys = arch.gguf_metadata(plain)
+    assert not {"sliding_window_pattern", "yarn_truncate", "swiglu_alpha"} & {
+        k.rsplit(".", 1)[-1] for k in keys
+    }
+    assert arch.config_from_gguf(keys, arch.tensor_shapes(plain)) == plain
