@@ -10,8 +10,8 @@ runs decode's RMSNorm (float32 statistics) and RoPE (bit for bit the torch ops' 
 one call each instead of several torch ops. On CPUs with AMX, ``native_amx.c`` runs larger
 bf16 matmuls (prefill, batches) of Q4_0 / Q8_0 weights on the tile units, dequantizing each
 block straight into a tile (:meth:`NativeGemv.matmul_tiles`; ``TESSERA_NATIVE_AMX_DISABLE=1``
-turns just that off). The other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K,
-Q6_K) have their decode matmuls and dequantization in ``native_qgemv.c``
+turns just that off). The other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q4_K, Q5_K,
+Q6_K, TQ2_0) have their decode matmuls and dequantization in ``native_qgemv.c``
 (:class:`~tessera.backends.native.typed_gemv.TypedGemv`), through the same methods.
 
 :mod:`tessera.backends.native.library` builds and loads the library,

@@ -136,7 +136,7 @@ lib.tsr_gemv_quant.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
 lib.tsr_gemv_quant.argtypes += [ctypes.c_int, ctypes.c_int]
 lib.tsr_dequant_quant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 lib.tsr_dequant_quant.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-for t in (3, 6, 7, 12, 13, 14, 20, 23):
+for t in (3, 6, 7, 12, 13, 14, 20, 23, 35, 39):
     assert lib.tsr_gemv_quant(t, 1, ws, n_outs, None, 256, x, 1, y, 0, 2)
     assert lib.tsr_dequant_quant(t, w, 1, 256, x, 1, 2)
 """

@@ -3,6 +3,7 @@
  * compute dtype's rounding of the result (native_qgemv.c) is bit for bit the torch path's:
  *   Q4_1, Q5_1: d q + m           Q5_0: d (q - 16)           IQ4_NL: d t[q]
  *   IQ4_XS: (d (ls - 32)) t[q]    Q4_K, Q5_K: (d sc) q - (dmin m)    Q6_K: (d sc) (q - 32)
+ *   MXFP4: 2^(e - 128) t[q]       TQ2_0: d (t - 1)
  * ROUNDED keeps gcc from fusing a product and a sum into one FMA (one rounding, not two).
  */
 #include "native_quant.h"
@@ -64,6 +65,27 @@ void tsr_deq_iq4_xs(const uint8_t *w, int64_t n_in, float *y) {
             const float dg = d * (float)iq4_xs_scale(w, g);
             const __m256i t = _mm256_shuffle_epi8(iq4_table(), nibbles32(w + 8 + 16 * g));
             group32(t, 1, 0, dg, dg, 0, 0.0f, 0, y + sb * 256 + 32 * g);
+        }
+    }
+}
+
+void tsr_deq_mxfp4(const uint8_t *w, int64_t n_in, float *y) {
+    for (int64_t b = 0; b < n_in / QK; b++, w += 17) {
+        const float d = e8m0_half(w[0]);
+        group32(_mm256_shuffle_epi8(mxfp4_table(), nibbles32(w + 1)), 1, 0, d, d, 0, 0.0f, 0,
+                y + b * QK);
+    }
+}
+
+void tsr_deq_tq2_0(const uint8_t *w, int64_t n_in, float *y) {
+    for (int64_t sb = 0; sb < n_in / 256; sb++, w += 66) {
+        const float d = f16_at(w + 64);
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(w + 32 * h));
+            for (int n = 0; n < 4; n++) { /* byte m: values 128 h + 32 n + m in bits 2n */
+                const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * n), _mm256_set1_epi8(3));
+                group32(t, 0, 1, d, d, 0, 0.0f, 0, y + sb * 256 + 128 * h + 32 * n);
+            }
         }
     }
 }

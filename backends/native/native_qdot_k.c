@@ -1,6 +1,7 @@
 /* One weight row times a few int8 activation rows for the K-quants Q4_K, Q5_K and Q6_K:
  * super-blocks of 256 values in 8 groups of 32 (Q4_K, Q5_K: value d sc q - dmin m) or 16
- * groups of 16 (Q6_K: value d sc (q - 32), sc a signed byte).
+ * groups of 16 (Q6_K: value d sc (q - 32), sc a signed byte); and the ternary TQ2_0 (256
+ * values of d (t - 1), t a 2-bit trit), which has the same shape with one scale.
  *
  * The activations come in blocks of 32 with one float scale each (finer than ggml's q8_K
  * blocks of 256), so each group's integer dot product is scaled in float32 by the group's
@@ -261,6 +262,69 @@ TSR_DOT_BY_ROW(q6_k, Q6_K_ROWS)
 void tsr_dot_q6_k(const uint8_t *w, int64_t row_bytes, int n_rows, const tsr_acts *a, int64_t i0,
                   int64_t mi, float *y) {
     q6_k_by_row(w, row_bytes, n_rows, a, i0, mi, y);
+}
+
+/* TQ2_0 (66 bytes: 64 of trits, d): for each 128 values, byte m holds values m + 32 n in
+ * bits 2n; the -1 meets the activation sums as an offset d per group. */
+ALWAYS_INLINE void tq2_0_rows(const uint8_t *w, const tsr_acts *a, int64_t i0, int MI, float *y) {
+    const __m256i two = _mm256_set1_epi8(3);
+#if TSR_ZMM
+    __m512 acc[2][QUANT_MI];
+    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
+#else
+    __m256 acc[2][QUANT_MI];
+    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+#endif
+    __m256 offs[QUANT_MI];
+    for (int i = 0; i < MI; i++) offs[i] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < a->n_in / 256; sb++) {
+        const uint8_t *blk = w + sb * 66;
+        prefetch_superblock(blk, 66);
+        const __m256 d = _mm256_set1_ps(f16_at(blk + 64));
+        __m256 comb[QUANT_MI];
+        for (int i = 0; i < MI; i++) {
+            const int64_t k = (i0 + i) * a->nb + sb * 8;
+            comb[i] = _mm256_mul_ps(d, _mm256_loadu_ps(a->d + k));
+            offs[i] = _mm256_fmadd_ps(d, _mm256_loadu_ps(a->ds + k), offs[i]);
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 32 * h));
+#if TSR_ZMM
+            for (int p = 0; p < 2; p++) { /* trits 2p and 2p + 1: 64 contiguous values */
+                const __m256i t0 = _mm256_and_si256(_mm256_srli_epi16(q, 4 * p), two);
+                const __m256i t1 = _mm256_and_si256(_mm256_srli_epi16(q, 4 * p + 2), two);
+                const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(t0), t1, 1);
+                for (int i = 0; i < MI; i++) {
+                    const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), z,
+                                                            act64(a, i0 + i, sb * 256 + 128 * h + 64 * p));
+                    acc[p][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), two_lanes(comb[i], 4 * h + 2 * p), acc[p][i]);
+                }
+            }
+#else
+            for (int n = 0; n < 4; n++) {
+                const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * n), two);
+                for (int i = 0; i < MI; i++) {
+                    const __m256i dot = dot_u8s8(_mm256_setzero_si256(), t, act32(a, i0 + i, sb * 256 + 128 * h + 32 * n));
+                    acc[n & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lane(comb[i], 4 * h + n), acc[n & 1][i]);
+                }
+            }
+#endif
+        }
+    }
+    for (int i = 0; i < MI; i++) {
+#if TSR_ZMM
+        y[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][i], acc[1][i])) - hsum(offs[i]);
+#else
+        y[i] = hsum(_mm256_add_ps(acc[0][i], acc[1][i])) - hsum(offs[i]);
+#endif
+    }
+}
+
+TSR_DOT_BY_ROW(tq2_0, tq2_0_rows)
+
+void tsr_dot_tq2_0(const uint8_t *w, int64_t row_bytes, int n_rows, const tsr_acts *a, int64_t i0,
+                   int64_t mi, float *y) {
+    tq2_0_by_row(w, row_bytes, n_rows, a, i0, mi, y);
 }
 
 #endif

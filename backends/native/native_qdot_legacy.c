@@ -1,12 +1,13 @@
 /* One weight row times a few int8 activation rows for the types made of groups of 32 with
- * one scale each: Q4_1, Q5_0, Q5_1 (ggml's legacy blocks), IQ4_NL and IQ4_XS.
+ * one scale each: Q4_1, Q5_0, Q5_1 (ggml's legacy blocks), IQ4_NL, IQ4_XS and MXFP4.
  *
  * Per group of 32 the codes meet the activation block in one integer dot product, which is
  * then scaled by weight scale x activation scale in float32:
  *   Q5_0:   sum (q - 16) a = dot(-16 sum a, q, a)    (the offset through the start value,
  *                                                     -2 sum a in each of 8 lanes)
  *   Q4_1, Q5_1: sum (d q + m) a = d dot(q, a) + m sum a   (m times the block's d * sum a)
- *   IQ4_NL, IQ4_XS: sum t[q] a, t[q] signed table values looked up with vpshufb (dot_s8s8)
+ *   IQ4_NL, IQ4_XS, MXFP4: sum t[q] a, t[q] signed table values looked up with vpshufb
+ *   (dot_s8s8); MXFP4's scale is a power of two (E8M0), its table E2M1 doubled
  * Codes are at most 5 bits or a table value of magnitude <= 127, so the AVX2 path's int16
  * pair sums cannot saturate. Two accumulators per activation row (even and odd groups) keep
  * one decode row from waiting on the FMA latency.
@@ -21,12 +22,12 @@
 
 #if TSR_AVX2
 
-enum { LEG_Q4_1, LEG_Q5_0, LEG_Q5_1, LEG_IQ4_NL };
+enum { LEG_Q4_1, LEG_Q5_0, LEG_Q5_1, LEG_IQ4_NL, LEG_MXFP4 };
 
 /* One block of a legacy type T into the accumulators of MI activation rows. */
 ALWAYS_INLINE void legacy_block(const uint8_t *blk, int T, const tsr_acts *a, int64_t i0,
                                 int MI, int64_t b, __m256 *acc, float *mins) {
-    const float dw = f16_at(blk);
+    const float dw = T == LEG_MXFP4 ? e8m0_half(blk[0]) : f16_at(blk);
     __m256i codes;
     float m = 0.0f;
     if (T == LEG_Q4_1) {
@@ -37,8 +38,10 @@ ALWAYS_INLINE void legacy_block(const uint8_t *blk, int T, const tsr_acts *a, in
     } else if (T == LEG_Q5_1) {
         codes = q5_codes(blk + 4);
         m = f16_at(blk + 2);
-    } else {
+    } else if (T == LEG_IQ4_NL) {
         codes = _mm256_shuffle_epi8(iq4_table(), nibbles32(blk + 2));
+    } else {
+        codes = _mm256_shuffle_epi8(mxfp4_table(), nibbles32(blk + 1));
     }
     for (int i = 0; i < MI; i++) {
         const int64_t k = (i0 + i) * a->nb + b;
@@ -46,7 +49,7 @@ ALWAYS_INLINE void legacy_block(const uint8_t *blk, int T, const tsr_acts *a, in
         __m256i dot;
         if (T == LEG_Q5_0)
             dot = dot_u8s8(_mm256_set1_epi32(-2 * a->s[k]), codes, av);
-        else if (T == LEG_IQ4_NL)
+        else if (T == LEG_IQ4_NL || T == LEG_MXFP4)
             dot = dot_s8s8(_mm256_setzero_si256(), codes, av);
         else
             dot = dot_u8s8(_mm256_setzero_si256(), codes, av);
@@ -107,10 +110,17 @@ ALWAYS_INLINE void fifth_bits_4rows(const uint8_t *p, int64_t row_bytes, __mmask
     *hi = (__mmask64)_mm_extract_epi64(halves, 1);
 }
 
-/* IQ4's table plus 128, in each 128-bit lane. */
-ALWAYS_INLINE __m512i iq4_table_u8(void) {
-    return _mm512_broadcast_i32x4(_mm_xor_si128(_mm256_castsi256_si128(iq4_table()),
-                                                _mm_set1_epi8((char)0x80)));
+/* A 16-value table plus 128 (IQ4's, MXFP4's), in each 128-bit lane. */
+ALWAYS_INLINE __m512i table_u8(__m256i table) {
+    return _mm512_broadcast_i32x4(_mm_xor_si128(_mm256_castsi256_si128(table), _mm_set1_epi8((char)0x80)));
+}
+
+ALWAYS_INLINE __m512i iq4_table_u8(void) { return table_u8(iq4_table()); }
+
+/* The E8M0 scales at p of four rows as 4 floats. */
+ALWAYS_INLINE __m128 e8m0_of_4rows(const uint8_t *p, int64_t row_bytes) {
+    return _mm_setr_ps(e8m0_half(p[0]), e8m0_half(p[row_bytes]), e8m0_half(p[2 * row_bytes]),
+                       e8m0_half(p[3 * row_bytes]));
 }
 
 /* One 32-block of four rows of a legacy type T against MI activation rows. scale: the four
@@ -126,7 +136,7 @@ ALWAYS_INLINE void legacy_block_4rows(__m512i lo, __m512i hi, __m128 scale, __m1
         const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)qa));
         const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(qa + 16)));
         /* the offset of the codes over the 4 lanes of a row's block: Q5_0 16, IQ4 128 */
-        const int start = T == LEG_Q5_0 ? -4 * a->s[k] : T == LEG_IQ4_NL ? -32 * a->s[k] : 0;
+        const int start = T == LEG_Q5_0 ? -4 * a->s[k] : T >= LEG_IQ4_NL ? -32 * a->s[k] : 0;
         __m512i dot = _mm512_dpbusd_epi32(_mm512_set1_epi32(start), lo, a_lo);
         dot = _mm512_dpbusd_epi32(dot, hi, a_hi);
         acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sc, _mm512_set1_ps(a->d[k])), acc[i]);
@@ -137,7 +147,7 @@ ALWAYS_INLINE void legacy_block_4rows(__m512i lo, __m512i hi, __m128 scale, __m1
 ALWAYS_INLINE void legacy_4rows(const uint8_t *w, int64_t rb, const tsr_acts *a, int64_t i0,
                                 int MI, float *y, int T, int type_size) {
     const __m512i nib = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16);
-    const int qs_at = T == LEG_Q4_1 ? 4 : T == LEG_Q5_0 ? 6 : T == LEG_Q5_1 ? 8 : 2;
+    const int qs_at = T == LEG_Q4_1 ? 4 : T == LEG_Q5_0 ? 6 : T == LEG_Q5_1 ? 8 : T == LEG_MXFP4 ? 1 : 2;
     __m512 acc[QUANT_MI];
     __m128 mins[QUANT_MI];
     for (int i = 0; i < MI; i++) acc[i] = _mm512_setzero_ps(), mins[i] = _mm_setzero_ps();
@@ -151,11 +161,12 @@ ALWAYS_INLINE void legacy_4rows(const uint8_t *w, int64_t rb, const tsr_acts *a,
             fifth_bits_4rows(blk + qs_at - 4, rb, &k_lo, &k_hi);
             lo = _mm512_mask_add_epi8(lo, k_lo, lo, sixteen);
             hi = _mm512_mask_add_epi8(hi, k_hi, hi, sixteen);
-        } else if (T == LEG_IQ4_NL) {
-            lo = _mm512_shuffle_epi8(iq4_table_u8(), lo);
-            hi = _mm512_shuffle_epi8(iq4_table_u8(), hi);
+        } else if (T == LEG_IQ4_NL || T == LEG_MXFP4) {
+            const __m512i table = table_u8(T == LEG_IQ4_NL ? iq4_table() : mxfp4_table());
+            lo = _mm512_shuffle_epi8(table, lo);
+            hi = _mm512_shuffle_epi8(table, hi);
         }
-        const __m128 scale = f16_of_4rows(blk, rb);
+        const __m128 scale = T == LEG_MXFP4 ? e8m0_of_4rows(blk, rb) : f16_of_4rows(blk, rb);
         const __m128 min = T == LEG_Q4_1 || T == LEG_Q5_1 ? f16_of_4rows(blk + 2, rb) : _mm_setzero_ps();
         legacy_block_4rows(lo, hi, scale, min, T, a, i0, MI, b, acc, mins);
     }
@@ -198,6 +209,7 @@ LEGACY(q4_1, LEG_Q4_1, 20)
 LEGACY(q5_0, LEG_Q5_0, 22)
 LEGACY(q5_1, LEG_Q5_1, 24)
 LEGACY(iq4_nl, LEG_IQ4_NL, 18)
+LEGACY(mxfp4, LEG_MXFP4, 17)
 
 /* IQ4_XS: super-blocks of 256 (136 bytes: d, scales_h, scales_l, 8 x 16 bytes of nibbles);
  * group g's scale is d * (6-bit scale - 32). */

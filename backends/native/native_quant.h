@@ -1,5 +1,5 @@
-/* The GGUF block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q4_K, Q5_K,
- * Q6_K): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
+/* The GGUF block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q4_K,
+ * Q5_K, Q6_K, TQ2_0): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
  * few activation rows) and native_qdequant.c (rows to float32) share: the quantized
  * activations and each type's codes unpacked into 32 bytes in activation order.
  *
@@ -42,6 +42,8 @@ TSR_DOT_DECL(q5_0)
 TSR_DOT_DECL(q5_1)
 TSR_DOT_DECL(iq4_nl)
 TSR_DOT_DECL(iq4_xs)
+TSR_DOT_DECL(mxfp4)
+TSR_DOT_DECL(tq2_0)
 TSR_DOT_DECL(q4_k)
 TSR_DOT_DECL(q5_k)
 TSR_DOT_DECL(q6_k)
@@ -50,6 +52,8 @@ void tsr_deq_q5_0(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_1(const uint8_t *, int64_t, float *);
 void tsr_deq_iq4_nl(const uint8_t *, int64_t, float *);
 void tsr_deq_iq4_xs(const uint8_t *, int64_t, float *);
+void tsr_deq_mxfp4(const uint8_t *, int64_t, float *);
+void tsr_deq_tq2_0(const uint8_t *, int64_t, float *);
 void tsr_deq_q4_k(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_k(const uint8_t *, int64_t, float *);
 void tsr_deq_q6_k(const uint8_t *, int64_t, float *);
@@ -116,6 +120,21 @@ ALWAYS_INLINE __m256i iq4_table(void) {
     return _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                             113, -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69,
                             89, 113);
+}
+
+/* MXFP4's E2M1 values doubled (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), in each lane. */
+ALWAYS_INLINE __m256i mxfp4_table(void) {
+    return _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3,
+                            4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+}
+
+/* An MXFP4 block's E8M0 scale byte as float32, halved for the doubled table: 2^(e - 128),
+ * exact, the two smallest as the subnormals 2^-128 and 2^-127 (ggml's table). */
+ALWAYS_INLINE float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
 }
 
 /* IQ4_XS group g's 6-bit scale minus 32, from a block's scales_h (bytes 2-3) and scales_l

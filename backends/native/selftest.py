@@ -19,10 +19,11 @@ import numpy as np
 from tessera.backends.native.kernels import NativeGemv, RowLists
 from tessera.backends.native.typed_gemv import GGML_TYPES
 
-#: Byte offsets of the float16 fields (scales, mins) in a block of each type.
+#: Byte offsets of the float16 fields (scales, mins) in a block of each type (MXFP4's
+#: scale is the E8M0 byte 0).
 F16_FIELDS = {
     "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,),
-    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+    "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "TQ2_0": (64,), "MXFP4": (),
 }  # fmt: skip
 
 
@@ -57,12 +58,15 @@ class _GgufOracle:
 
 def random_blocks(kind: str, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
     """``(n_out, row bytes)`` of random ``kind`` blocks: random bytes, the float16 fields set
-    to finite values (N(0, 0.01)), so every code, group scale and bit pattern occurs."""
+    to finite values (N(0, 0.01); MXFP4's E8M0 scales 2^-9 .. 2^4), so every code, group
+    scale and bit pattern occurs."""
     from gguf import GGMLQuantizationType, quants
 
     block, size = quants.GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     raw = rng.integers(0, 256, (n_out, n_in // block * size), dtype=np.uint8)
     blocks = raw.reshape(n_out, -1, size)
+    if kind == "MXFP4":
+        blocks[:, :, 0] = rng.integers(118, 132, blocks.shape[:2])
     for at in F16_FIELDS[kind]:
         scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at : at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)

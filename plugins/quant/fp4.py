@@ -31,6 +31,7 @@ from gguf import GGMLQuantizationType
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
 from tessera.plugins.quant.kquant_common import F32
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -185,3 +186,9 @@ NVFP4 = QuantType(
 def tessera_register_quant_types(register):
     register(MXFP4)
     register(NVFP4)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    # no torch kernel of its own: without the native kernels MXFP4 dequantizes at load
+    register(with_native(MXFP4, None))

@@ -23,6 +23,7 @@ from gguf import GGMLQuantizationType
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
 from tessera.plugins.quant.kquant_common import F32, QK_K, fp16_bytes
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -112,3 +113,9 @@ TQ2_0 = QuantType(
 def tessera_register_quant_types(register):
     register(TQ1_0)
     register(TQ2_0)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    # no torch kernel of its own: without the native kernels TQ2_0 dequantizes at load
+    register(with_native(TQ2_0, None))

@@ -1,9 +1,9 @@
 """The native kernels of the block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS,
-Q4_K, Q5_K, Q6_K): the decode GEMV against numpy's dequantize-then-matmul in float64 within
-the int8-activation bound (and against the same activation rounding done in numpy within
-float32 sums), the prefill dequantization bit for bit the numpy values rounded by torch,
-each CPU code path forced by compiler flags, and the quant plugins' torch weights on them:
-the row split, the switches, memory, the fused decoder block, a model's tokens.
+MXFP4, Q4_K, Q5_K, Q6_K, TQ2_0): the decode GEMV against numpy's dequantize-then-matmul in
+float64 within the int8-activation bound (and against the same activation rounding done in
+numpy within float32 sums), the prefill dequantization bit for bit the numpy values rounded
+by torch, each CPU code path forced by compiler flags, and the quant plugins' torch weights
+on them: the row split, the switches, memory, the fused decoder block, a model's tokens.
 
 Weights are the plugins' own quantization of random values (every type bit-exact with
 llama.cpp) and random block bytes with finite float16 fields (every code and scale byte).
