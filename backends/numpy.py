@@ -34,6 +34,8 @@ class NumpyBackend(Backend):
             "gelu_erf",
             "moe_ffn",
             "linear",
+            "concat",
+            "matmul_heads",
         )
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
@@ -52,6 +54,12 @@ class NumpyBackend(Backend):
 
     def matmul(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
         return x @ w.T
+
+    def matmul_heads(self, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return np.einsum("thk,hnk->thn", x, w)
+
+    def concat(self, xs: Any) -> np.ndarray:
+        return np.concatenate(list(xs), axis=-1)
 
     def get_rows(self, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return w[np.asarray(ids)]

@@ -139,6 +139,9 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
 
+    def concat(self, xs: Any) -> torch.Tensor:
+        return torch.cat(list(xs), dim=-1)
+
     def swiglu_oai(self, gate: torch.Tensor, up: torch.Tensor, alpha: float, limit: float):
         g = gate.clamp(max=limit)
         return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1.0)

@@ -1,5 +1,6 @@
 """The torch backend's weight ops: loading a weight and the ops that multiply by one
-(``matmul``, ``matmul_n``, ``gate_up_swiglu``, ``linear``) or read its rows (``get_rows``).
+(``matmul``, ``matmul_n``, ``gate_up_swiglu``, ``linear``, ``matmul_heads``) or read its
+rows (``get_rows``).
 
 Loaded weights are either plain tensors in the compute dtype (float types, and quantized
 types without a usable kernel, dequantized once) or objects made by a quant type's
@@ -83,6 +84,10 @@ class WeightOps:
                 if y is not None:
                     return y
         return super().gate_up_swiglu(x, w_gate, w_up)
+
+    def matmul_heads(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # (H, T, K) @ (H, K, N): one batched matmul over the heads, back to (T, H, N)
+        return torch.bmm(x.transpose(0, 1), w.transpose(1, 2).to(x.dtype)).transpose(0, 1)
 
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         if isinstance(w, torch.Tensor):

@@ -48,6 +48,10 @@ class KVLayerLayout:
     n_head_kv: int
     head_dim_k: int
     head_dim_v: int
+    #: V is no tensor of its own but the first ``head_dim_v`` values of each K row: an
+    #: MLA layer caches one compressed latent (plus its RoPE part) that serves as both,
+    #: as llama.cpp caches K alone for it. The cache holds K only.
+    v_in_k: bool = False
 
 
 @attrs.frozen

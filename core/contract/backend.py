@@ -69,6 +69,8 @@ OPTIONAL_OPS = (
     "linear",
     "matmul_n",
     "gate_up_swiglu",
+    "concat",
+    "matmul_heads",
 )
 
 

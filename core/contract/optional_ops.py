@@ -165,6 +165,31 @@ class OptionalOps:
         gate, up = self.matmul_n(x, [w_gate, w_up])
         return self.swiglu(gate, up)
 
+    def concat(self, xs: Sequence[Any]) -> Any:
+        """Optional: the arrays ``xs`` (equal shapes but for the last axis) joined along
+        their last axis, in order (GGML's ``ggml_concat``: an MLA layer's query and cached
+        K row, each a compressed part and a RoPE part).
+
+        Backends that implement it answer True to ``supports(op)`` for ``op.name ==
+        "concat"``; the default declines, and an architecture that needs it lists it in its
+        ``required_ops``.
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not implement concat")
+
+    def matmul_heads(self, x: Any, w: Any) -> Any:
+        """Optional: one matmul per head: ``x`` ``(T, H, K)`` and a loaded 3-D weight ``w``
+        of ``(H, N, K)`` give ``(T, H, N)`` with ``out[:, h] = x[:, h] @ w[h].T`` (GGML's
+        ``ggml_mul_mat`` over a 3-D weight: MLA's ``attn_k_b`` / ``attn_v_b``, which take
+        each head to and from the compressed latent).
+
+        Backends that implement it answer True to ``supports(op)`` for ``op.name ==
+        "matmul_heads"``; the default declines, and an architecture that needs it lists it
+        in its ``required_ops``.
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not implement matmul_heads")
+
     def moe_ffn(
         self, x: Any, expert_ids: np.ndarray, expert_weights: np.ndarray, experts: Any
     ) -> Any:

@@ -51,9 +51,7 @@ class KVCache:
         self.k = [
             None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_k)) for L in layout
         ]
-        self.v = [
-            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_v)) for L in layout
-        ]
+        self.v = [_v_cache(backend, L, k, n_ctx) for L, k in zip(layout, self.k, strict=True)]
         self.pos = np.full(n_ctx, -1, dtype=np.int32)
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
         # What a decode step needs, made once: it then allocates nothing that grows with
@@ -269,3 +267,12 @@ class KVCache:
         self.pos[:] = -1
         self.seqs[:] = 0
         self._cells_changed()
+
+
+def _v_cache(backend: Any, layout: KVLayerLayout | None, k: Any, n_ctx: int) -> Any:
+    """A layer's V tensor: its own, or a view of its K rows' first values (``v_in_k``)."""
+    if layout is None:
+        return None
+    if layout.v_in_k:
+        return k[:, :, : layout.head_dim_v]
+    return backend.zeros((n_ctx, layout.n_head_kv, layout.head_dim_v))

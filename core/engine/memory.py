@@ -39,8 +39,13 @@ def available_bytes() -> int | None:
 
 
 def kv_cache_bytes(layout: Sequence[KVLayerLayout | None], n_ctx: int, dtype: str) -> int:
-    """Bytes of the K and V tensors of ``n_ctx`` cells over ``layout`` (shared layers: none)."""
-    per_cell = sum(L.n_head_kv * (L.head_dim_k + L.head_dim_v) for L in layout if L is not None)
+    """Bytes of the K and V tensors of ``n_ctx`` cells over ``layout`` (shared layers: none;
+    a V inside K, ``v_in_k``: none of its own)."""
+    per_cell = sum(
+        L.n_head_kv * (L.head_dim_k + (0 if L.v_in_k else L.head_dim_v))
+        for L in layout
+        if L is not None
+    )
     return n_ctx * per_cell * DTYPE_BYTES.get(dtype, 4)
 
 

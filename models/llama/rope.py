@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.contract.yarn import yarn_divisors, yarn_mscale
 from tessera.errors import ModelFileError
 
 FREQS, SHORT, LONG = "rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight"
@@ -75,31 +76,6 @@ class RopeArgs:
         return b.rope_ext(*args, self.freq_factors, mscale=self.mscale)
 
 
-def _mscale(scale: float, mul: float = 1.0) -> float:
-    return 1.0 if scale <= 1.0 else 0.1 * mul * math.log(scale) + 1.0
-
-
-def yarn_divisors(
-    n_rot: int,
-    freq_base: float,
-    freq_scale: float,
-    n_ctx_orig: int,
-    beta_fast: float,
-    beta_slow: float,
-) -> np.ndarray:
-    """YaRN's blend as a divisor per pair: pair ``i`` turns by ``theta_i * (s (1 - r_i) +
-    r_i)`` where ``r_i`` ramps from 1 (extrapolate) to 0 (interpolate, ``s``) between the
-    dims that make ``beta_fast`` and ``beta_slow`` turns over ``n_ctx_orig`` positions."""
-
-    def corr_dim(n_turns: float) -> float:
-        return n_rot * math.log(n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(freq_base))
-
-    low = max(0.0, math.floor(corr_dim(beta_fast)))
-    high = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
-    ramp = 1.0 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0.0, 1.0)
-    return 1.0 / (freq_scale * (1.0 - ramp) + ramp)
-
-
 def needs_rope_ext(rs: RopeScaling) -> bool:
     """Whether a model of this scaling rotates with factors or a magnitude scale."""
     return rs.kind == "yarn" or bool(rs.factors) or rs.attn_factor != 1.0
@@ -125,9 +101,9 @@ def rope_args(
         )
         divisors = blend if divisors is None else np.asarray(divisors, np.float64) * blend
         factor = 1.0 / freq_scale
-        magnitude = _mscale(factor)
+        magnitude = yarn_mscale(factor)
         if rs.yarn_log_mul:  # llama.cpp's ratio (HF: mscale 1 over mscale_all_dim)
-            magnitude /= _mscale(factor, rs.yarn_log_mul)
+            magnitude /= yarn_mscale(factor, rs.yarn_log_mul)
         freq_scale, mscale = 1.0, mscale * magnitude
     return RopeArgs(c.n_rot, c.rope_freq_base, freq_scale, c.rope_neox, divisors, mscale)
 

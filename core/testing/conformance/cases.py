@@ -21,12 +21,18 @@ from typing import Any
 
 from tessera.testing.conformance.attention import attention_cases, attention_rows_cases
 from tessera.testing.conformance.block import decoder_block_cases
-from tessera.testing.conformance.elementwise import elementwise_cases, swiglu_oai_case, tanh_case
+from tessera.testing.conformance.elementwise import (
+    concat_cases,
+    elementwise_cases,
+    swiglu_oai_case,
+    tanh_case,
+)
 from tessera.testing.conformance.kit import Case
 from tessera.testing.conformance.matmul import (
     gate_up_swiglu_cases,
     linear_cases,
     matmul_cases,
+    matmul_heads_cases,
     matmul_n_cases,
 )
 from tessera.testing.conformance.moe import moe_ffn_cases
@@ -55,6 +61,8 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *matmul_n_cases(qtypes),
         *gate_up_swiglu_cases(qtypes),
         *decoder_block_cases(qtypes),
+        *concat_cases(),
+        *matmul_heads_cases(qtypes),
         *attention_cases("attention_softcap", sinks=True),
         swiglu_oai_case(),
     ]

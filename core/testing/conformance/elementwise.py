@@ -1,5 +1,6 @@
 """Conformance cases of the elementwise ops: ``add`` / ``mul`` with broadcasting, ``scale``,
-the activations, ``swiglu`` and gpt-oss's clamped ``swiglu_oai``."""
+the activations and ``swiglu``; ``concat`` (joining along the last axis) and gpt-oss's
+clamped ``swiglu_oai``."""
 
 from __future__ import annotations
 
@@ -70,6 +71,30 @@ def tanh_case() -> Case:
         lambda b, a: b.tanh(a["x"]),
         (7, 64),
     )
+
+
+def concat_cases() -> list[Case]:
+    """``concat`` of an MLA query's parts (heads of a latent and a RoPE part) and of a
+    cached K row's (one head), and of three 2-D parts."""
+    shapes = {
+        "query": ((7, 4, 32), (7, 4, 8)),
+        "k-row": ((1, 1, 32), (1, 1, 8)),
+        "three": ((5, 16), (5, 3), (5, 9)),
+    }
+    cases = []
+    for kind, parts in shapes.items():
+        widths = "+".join(str(p[-1]) for p in parts)
+        cases.append(
+            Case(
+                f"concat-{kind}-{'x'.join(map(str, parts[0][:-1]))}-D{widths}",
+                "concat",
+                {"shapes": parts},
+                lambda rng, parts=parts: {f"x{i}": normal(rng, *p) for i, p in enumerate(parts)},
+                lambda b, a: b.concat([a[k] for k in sorted(a)]),
+                (*parts[0][:-1], sum(p[-1] for p in parts)),
+            )
+        )
+    return cases
 
 
 def swiglu_oai_case() -> Case:

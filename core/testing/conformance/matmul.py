@@ -1,5 +1,6 @@
 """Conformance cases of the weight ops: ``matmul`` and ``get_rows`` on every weight type,
-``linear`` (bias, activation, residual), ``matmul_n`` and ``gate_up_swiglu``."""
+``linear`` (bias, activation, residual), ``matmul_n``, ``gate_up_swiglu`` and
+``matmul_heads`` (a 3-D weight, one matrix per head)."""
 
 from __future__ import annotations
 
@@ -150,6 +151,31 @@ def gate_up_swiglu_cases(qtypes: list[Any]) -> list[Case]:
                     },
                     lambda b, a: b.gate_up_swiglu(a["x"], a["gate"], a["up"]),
                     (n_tokens, 64),
+                )
+            )
+    return cases
+
+
+def matmul_heads_cases(qtypes: list[Any]) -> list[Case]:
+    """``matmul_heads`` on the weight types whose blocks divide its input width: MLA's
+    ``attn_k_b`` (nope -> latent) and ``attn_v_b`` (latent -> value) shapes, decode and
+    prefill."""
+    cases = []
+    for qt in qtypes:
+        if 64 % qt.block_size:
+            continue
+        for n_tokens, n_head, n_out in ((1, 4, 32), (9, 3, 24)):
+            cases.append(
+                Case(
+                    f"matmul_heads-{qt.name}-T{n_tokens}-H{n_head}-N{n_out}-K64",
+                    "matmul_heads",
+                    {"quant_type": qt.name, "n_head": n_head},
+                    lambda rng, qt=qt, t=n_tokens, h=n_head, n=n_out: {
+                        "x": normal(rng, t, h, 64),
+                        "w": Weight(normal(rng, h, n, 64, scale=0.1), qt),
+                    },
+                    lambda b, a: b.matmul_heads(a["x"], a["w"]),
+                    (n_tokens, n_head, n_out),
                 )
             )
     return cases
