@@ -233,27 +233,6 @@ def build_experts(
     return ModelExperts(layers, cache)
 
 
-def route_top_k(
-    logits: np.ndarray, k: int, normalize: bool, gating: str = "softmax"
-) -> tuple[np.ndarray, np.ndarray]:
-    """Expert ids ``(T, k)`` and their weights ``(T, k)`` float32 from router logits.
-
-    ``gating`` "softmax" (probabilities over all experts, in float32) is what Qwen MoE
-    models use; with ``normalize`` the k chosen weights are rescaled to sum to one
-    (HF's ``norm_topk_prob``).
-    """
-    logits = np.asarray(logits, dtype=np.float32)
-    if gating != "softmax":
-        raise ValueError(f"unknown expert gating function '{gating}'")
-    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
-    ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-    weights = np.take_along_axis(probs, ids, axis=-1)
-    if normalize:
-        weights = weights / weights.sum(axis=-1, keepdims=True)
-    return ids.astype(np.int32), weights.astype(np.float32)
-
-
 def moe_ffn_enabled(backend: Any, **params: Any) -> Choice:
     """Whether to call the backend's ``moe_ffn`` op, and why (switch, probe)."""
 

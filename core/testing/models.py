@@ -258,8 +258,9 @@ def make_hf_dir(
 
     ``arch`` is the HF ``model_type`` (``llama``, ``qwen2``, ``qwen3`` ...), built with
     ``AutoModelForCausalLM.from_config`` under ``torch.manual_seed(seed)`` in float32;
-    1-D parameters (norms, biases), which HF initializes to constants, get N(0, 0.02)
-    noise so that a loader which drops them fails parity tests. ``dims`` take the
+    1-D parameters (norms, biases) and saved float buffers (DeepSeek's router bias), which
+    HF initializes to constants, get N(0, 0.02) noise so that a loader which drops them
+    fails parity tests. ``dims`` take the
     generic names of :func:`make_gguf`, and for mixture-of-experts types (``qwen3_moe``,
     ``qwen2_moe``) the expert dims of :data:`HF_MOE_FIELDS`; ``hf_overrides`` sets any
     other ``config.json`` field (``attention_bias``, ``rope_theta`` ...); ``vocab`` replaces
@@ -288,6 +289,10 @@ def make_hf_dir(
         for param in model.parameters():
             if param.ndim == 1:
                 param.add_(torch.randn_like(param) * WEIGHT_STD)
+        saved = model.state_dict()
+        for name, buffer in model.named_buffers():  # saved ones: a router's bias ...
+            if name in saved and buffer.is_floating_point():
+                buffer.add_(torch.randn_like(buffer) * WEIGHT_STD)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)

@@ -34,6 +34,7 @@ from tessera.models.llama.config import (
     HF_NAMES,
     TRAITS,
     LlamaConfig,
+    block_traits,
     nope_layers,
 )
 from tessera.models.llama.graph import LlamaGraph
@@ -80,10 +81,7 @@ class LlamaArchitecture(Architecture):
             rope_scaling=scaling,
             rope_neox=t.rope_neox,
             attn_bias=t.attn_bias or "blk.0.attn_q.bias" in tensor_shapes,
-            qk_norm=t.qk_norm,
-            qk_norm_full=t.qk_norm_full,
-            post_norms=t.post_norms,
-            fused=t.fused,
+            **block_traits(t),
             nope_layers=nope_layers(t.nope_step, n_layer),
             tied_embeddings="output.weight" not in tensor_shapes,
         )
@@ -99,17 +97,14 @@ class LlamaArchitecture(Architecture):
         )
         freq_scale, scaling = rope.rope_scaling_from_hf(hf, fields["n_rot"], base)
         return LlamaConfig(
-            **fields,
+            **(block_traits(t) | fields),  # a member's config.json may say more (Q/K norms)
             arch=arch,
             rope_freq_base=base,
             rope_freq_scale=freq_scale,
             rope_scaling=scaling,
-            rope_neox=True,  # HF weights are unpermuted
+            # HF weights are unpermuted: NeoX pairs, unless transformers turns adjacent ones
+            rope_neox=not t.hf_interleaved,
             attn_bias=t.attn_bias or bool(hf.get("attention_bias", False)),
-            qk_norm=t.qk_norm,
-            qk_norm_full=t.qk_norm_full,
-            post_norms=t.post_norms,
-            fused=t.fused,
         )
 
     def hf_fields(self, hf: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -155,10 +150,7 @@ class LlamaArchitecture(Architecture):
             "rms_eps": 1e-6 if arch != "llama" else 1e-5,
             "rope_neox": t.rope_neox,
             "attn_bias": t.attn_bias,
-            "qk_norm": t.qk_norm,
-            "qk_norm_full": t.qk_norm_full,
-            "post_norms": t.post_norms,
-            "fused": t.fused,
+            **block_traits(t),
             "nope_layers": nope_layers(t.nope_step, overrides.get("n_layer", 2)),
         } | overrides
         fields.setdefault("head_dim", fields["n_embd"] // fields["n_head"])

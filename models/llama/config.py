@@ -14,7 +14,9 @@ from tessera.contract.names import REQUIRED, ConfigField, TensorNames
 from tessera.models.llama.rope import RopeScaling
 
 #: The dense GGUF architectures of the family (the MoE ones are in ``moe.py``).
-ARCHS = ("llama", "qwen2", "qwen3", "mistral3", "smollm3", "granite", "olmo2", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "mistral3", "smollm3", "granite", "olmo2", "phi3", "glm4")
+#: MoE archs whose attention half has no dense arch of its own (it is their base).
+MOE_BASES = ("glm4moe",)
 
 
 @attrs.frozen
@@ -24,14 +26,27 @@ class ArchTraits:
     #: NeoX pairs on unpermuted Q/K rows; False: GGML normal mode on rows llama.cpp's
     #: converter permuted (``undo_permute``).
     rope_neox: bool
+    #: transformers itself turns interleaved pairs (GLM-4): HF weights already suit GGML's
+    #: normal mode, so they are not permuted and HF folders rotate in normal mode too.
+    hf_interleaved: bool = False
     attn_bias: bool = False
     #: RMSNorm of Q and K per head (Qwen3) or over the whole projection (OLMo 2).
     qk_norm: bool = False
     qk_norm_full: bool = False
-    #: Norms after attention and FFN (before the residual add) instead of before them.
+    #: Norms before attention and the FFN (all but OLMo 2) and after them, on each
+    #: branch before its residual add (OLMo 2 instead of the norms before, GLM-4 as well).
+    pre_norms: bool = True
     post_norms: bool = False
-    #: One ``attn_qkv`` tensor and one ``ffn_up`` of gate and up rows (Phi-3).
-    fused: bool = False
+    #: One ``attn_qkv`` tensor (Phi-3) and one ``ffn_up`` of gate and up rows (Phi-3, GLM-4).
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    #: GGUF name of the norm before the FFN (llama.cpp's GLM-4.5 calls it
+    #: ``post_attention_norm``).
+    ffn_norm: str = "ffn_norm"
+    #: The MTP block reads the target's hidden state after ``output_norm`` (and feeds its
+    #: own back after ``shared_head_norm``), as llama.cpp runs GLM-4.5's; False: before
+    #: the norms (the bundled default model's trained head).
+    nextn_normed_h: bool = False
     #: Every ``nope_step``-th layer runs without RoPE (SmolLM3; llama.cpp fixes it at 4).
     nope_step: int = 0
     #: The extra GGUF keys the architecture reads (granite's multipliers ...).
@@ -60,12 +75,14 @@ TRAITS = {
     "mistral3": ArchTraits(rope_neox=False, fields=MISTRAL3_FIELDS),
     "smollm3": ArchTraits(rope_neox=False, nope_step=4),
     "granite": ArchTraits(rope_neox=False, fields=GRANITE_FIELDS),
-    "olmo2": ArchTraits(rope_neox=True, qk_norm_full=True, post_norms=True),
-    "phi3": ArchTraits(rope_neox=True, fused=True),
+    "olmo2": ArchTraits(rope_neox=True, qk_norm_full=True, pre_norms=False, post_norms=True),
+    "phi3": ArchTraits(rope_neox=True, fused_qkv=True, fused_gate_up=True),
+    "glm4": ArchTraits(rope_neox=False, hf_interleaved=True, post_norms=True, fused_gate_up=True),
     # the MoE architectures' attention is their base's
     "qwen3moe": ArchTraits(rope_neox=True, qk_norm=True),
     "qwen2moe": ArchTraits(rope_neox=True, attn_bias=True),
     "granitemoe": ArchTraits(rope_neox=False, fields=GRANITE_FIELDS),
+    "glm4moe": ArchTraits(rope_neox=True, ffn_norm="post_attention_norm", nextn_normed_h=True),
 }
 
 
@@ -77,7 +94,7 @@ def _layers(value: Any) -> tuple[int, ...]:
 class LlamaConfig:
     """Hyper-parameters of one llama-family model, in GGUF terms."""
 
-    arch: str = attrs.field(validator=attrs.validators.in_(ARCHS))
+    arch: str = attrs.field(validator=attrs.validators.in_(ARCHS + MOE_BASES))
     n_vocab: int
     n_embd: int
     n_layer: int
@@ -97,8 +114,10 @@ class LlamaConfig:
     attn_bias: bool = False
     qk_norm: bool = False
     qk_norm_full: bool = False
+    pre_norms: bool = True
     post_norms: bool = False
-    fused: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
     #: Layers that run without RoPE (SmolLM3's NoPE layers).
     nope_layers: tuple[int, ...] = attrs.field(default=(), converter=_layers)
     #: Sliding-window attention of every layer (Mistral 7B v0.1, Phi-3 mini); 0 = none.
@@ -129,6 +148,12 @@ class LlamaConfig:
         return self.n_head_kv * self.head_dim
 
 
+def block_traits(t: ArchTraits) -> dict[str, bool]:
+    """The config fields a GGUF architecture name fixes about every block."""
+    names = ("qk_norm", "qk_norm_full", "pre_norms", "post_norms", "fused_qkv", "fused_gate_up")
+    return {name: getattr(t, name) for name in names}
+
+
 def nope_layers(step: int, n_layer: int) -> tuple[int, ...]:
     """The layers without RoPE when every ``step``-th one has none (0: every layer has it)."""
     return tuple(il for il in range(n_layer) if step and (il + 1) % step == 0)
@@ -143,13 +168,19 @@ def _permute_for_normal_rope(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
+def _permuted(arch: str) -> bool:
+    """Whether llama.cpp's converter permutes the arch's Q/K rows (normal-mode RoPE on HF
+    weights that turn NeoX pairs)."""
+    t = TRAITS[arch]
+    return not (t.rope_neox or t.hf_interleaved)
+
+
 def _permute_q(w: Any, c: LlamaConfig) -> Any:
-    # llama.cpp runs GGML normal-mode RoPE on permuted rows where the arch is not NeoX
-    return w if TRAITS[c.arch].rope_neox else _permute_for_normal_rope(np.asarray(w), c.n_head)
+    return _permute_for_normal_rope(np.asarray(w), c.n_head) if _permuted(c.arch) else w
 
 
 def _permute_k(w: Any, c: LlamaConfig) -> Any:
-    return w if TRAITS[c.arch].rope_neox else _permute_for_normal_rope(np.asarray(w), c.n_head_kv)
+    return _permute_for_normal_rope(np.asarray(w), c.n_head_kv) if _permuted(c.arch) else w
 
 
 HF_NAMES = TensorNames(

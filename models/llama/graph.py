@@ -22,7 +22,7 @@ import numpy as np
 from tessera.contract.arch import ForwardInput
 from tessera.contract.fusion import LLAMA_DECODER, DecoderBlock
 from tessera.models.llama import rope
-from tessera.models.llama.config import LlamaConfig
+from tessera.models.llama.config import TRAITS, LlamaConfig
 
 
 def fusable(c: LlamaConfig) -> bool:
@@ -34,8 +34,10 @@ def fusable(c: LlamaConfig) -> bool:
         or c.attn_temp_scale
         or c.residual_scale != 1.0
         or c.post_norms
+        or not c.pre_norms
         or c.qk_norm_full
-        or c.fused
+        or c.fused_qkv
+        or c.fused_gate_up
     )
 
 
@@ -48,8 +50,11 @@ class LlamaGraph:
         self.b = backend
         self.output = weights.get("output.weight", weights["token_embd.weight"])
         self.attn_scale = c.attention_scale or 1.0 / math.sqrt(c.head_dim)
-        #: When a list, each forward appends its output rows' last hidden state to it.
+        self.ffn_norm = TRAITS[c.arch].ffn_norm + ".weight"
+        #: When a list, each forward appends its output rows' last hidden state to it (the
+        #: MTP block's input: after output_norm where nextn_normed_h says so).
         self.hidden_sink: list[Any] | None = None
+        self.nextn_normed_h = TRAITS[c.arch].nextn_normed_h
         self._blocks: list[DecoderBlock] | None = None  # made on the first decode step
         # RoPE factor tensors as host data, and each layer's rotation by context size
         names = rope.factor_shapes(c.rope_scaling, c.n_rot)
@@ -79,7 +84,7 @@ class LlamaGraph:
 
     def _qkv(self, il: int, x: Any) -> tuple[Any, Any, Any]:
         b, c, p = self.b, self.c, f"blk.{il}."
-        if c.fused:  # Phi-3: one projection, Q rows then K rows then V rows
+        if c.fused_qkv:  # Phi-3: one projection, Q rows then K rows then V rows
             y = self._project(x, p + "attn_qkv")
             return y[:, : c.q_dim], y[:, c.q_dim : c.q_dim + c.kv_dim], y[:, c.q_dim + c.kv_dim :]
         names = (p + "attn_q", p + "attn_k", p + "attn_v")
@@ -121,7 +126,7 @@ class LlamaGraph:
     def _layer(self, il: int, x: Any, inp: ForwardInput, prune: bool) -> Any:
         """One decoder layer; with ``prune`` only the output rows leave it."""
         b, c, w, p = self.b, self.c, self.w, f"blk.{il}."
-        h = x if c.post_norms else b.rms_norm(x, w[p + "attn_norm.weight"], c.rms_eps)
+        h = b.rms_norm(x, w[p + "attn_norm.weight"], c.rms_eps) if c.pre_norms else x
         attn = self._attention(il, h, inp)
         if c.post_norms:
             attn = b.rms_norm(attn, w[p + "post_attention_norm.weight"], c.rms_eps)
@@ -130,11 +135,15 @@ class LlamaGraph:
             attn = b.get_rows(attn, inp.output_rows)
             x = b.get_rows(x, inp.output_rows)
         x = b.add(x, self._residual(attn))
-        h = x if c.post_norms else b.rms_norm(x, w[p + "ffn_norm.weight"], c.rms_eps)
+        h = b.rms_norm(x, w[p + self.ffn_norm], c.rms_eps) if c.pre_norms else x
         out = self._ffn(il, h)
         if c.post_norms:
             out = b.rms_norm(out, w[p + "post_ffw_norm.weight"], c.rms_eps)
         return b.add(x, self._residual(out))
+
+    def nextn_block(self, il: int, x: Any, inp: ForwardInput) -> Any:
+        """Block ``il`` (an MTP block after the main ones) over the residual stream ``x``."""
+        return self._layer(il, x, inp, prune=False)
 
     def _residual(self, branch: Any) -> Any:
         s = self.c.residual_scale
@@ -160,9 +169,11 @@ class LlamaGraph:
                     x = y
                     continue
             x = self._layer(il, x, inp, prune=il == c.n_layer - 1 and not all_rows)
-        if self.hidden_sink is not None:
+        if self.hidden_sink is not None and not self.nextn_normed_h:
             self.hidden_sink.append(x)  # MTP drafting reads h_i before the final norm
         x = b.rms_norm(x, self.w["output_norm.weight"], c.rms_eps)
+        if self.hidden_sink is not None and self.nextn_normed_h:
+            self.hidden_sink.append(x)
         if inp.embeddings:
             return x  # embedding mode: the core pools hidden states; no LM head
         logits = self._logits(x)
@@ -208,7 +219,7 @@ class LlamaGraph:
     def _ffn(self, il: int, h: Any) -> Any:
         """SwiGLU FFN of layer ``il`` (tensor parallel overrides it to sum partial outputs)."""
         b, c, p = self.b, self.c, f"blk.{il}."
-        if c.fused:  # Phi-3: gate rows then up rows in one tensor
+        if c.fused_gate_up:  # Phi-3, GLM-4: gate rows then up rows in one tensor
             gate_up = b.matmul(h, self.w[p + "ffn_up.weight"])
             act = b.swiglu(gate_up[:, : c.n_ff], gate_up[:, c.n_ff :])
         else:

@@ -1,5 +1,6 @@
 """Mixture-of-experts architectures: ``qwen3moe``, ``qwen2moe`` and Mixtral (GGUF and HF),
-and the base of ``granitemoe`` (:mod:`tessera.models.llama.granite_moe`).
+and the base of ``granitemoe`` and ``glm4moe`` (:mod:`tessera.models.llama.granite_moe`,
+:mod:`tessera.models.llama.glm4_moe`).
 
 The attention half of each layer is the llama family's (Qwen3's QK-norm, Qwen2's Q/K/V
 biases), reused from :mod:`tessera.models.llama.arch`. The FFN half is routed: a router
@@ -16,7 +17,10 @@ GGUF files and hands them to this code (``Architecture.variant``); its HF ``mode
 
 The experts reach the graph through :class:`tessera.contract.experts.ModelExperts` (resident,
 offloaded, cached); only the experts a ubatch selected are computed. The config and the
-per-arch facts are in :mod:`tessera.models.llama.moe_config`.
+per-arch facts are in :mod:`tessera.models.llama.moe_config`, the forward pass in
+:mod:`tessera.models.llama.moe_graph`. The routing rules llama.cpp reads for any MoE file
+(``expert_gating_func``, ``expert_weights_scale``, expert groups, a selection bias
+``exp_probs_b``, leading dense blocks) are read here for every member.
 """
 
 from __future__ import annotations
@@ -24,46 +28,39 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-import numpy as np
+import attrs
 
 from tessera.contract.arch import check_tensors, metadata_key
-from tessera.contract.experts import (
-    ExpertLayout,
-    ExpertTensors,
-    ModelExperts,
-    StackedExperts,
-    moe_ffn_enabled,
-    moe_ffn_fallback,
-    route_top_k,
-)
+from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
 from tessera.contract.names import fields_from_gguf, fields_from_hf, fields_to_gguf
+from tessera.contract.routing import GATING_IDS
 from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.llama.arch import LlamaArchitecture
-from tessera.models.llama.graph import LlamaGraph
+from tessera.models.llama.config import LlamaConfig
 from tessera.models.llama.moe_config import (
     BASE_ARCH,
     CONFIG_FIELDS,
+    DEFAULT_GATING,
     EXPERTS_AS_WIDE_AS_FFN,
     HF_TYPES,
     NORM_TOPK,
     MoEConfig,
 )
-from tessera.models.llama.moe_hf import (
-    HF_NAMES,
-    HF_SHARED_NAMES,
-    Subset,
-    qwen_moe_name,
-    stacked_experts,
-)
+from tessera.models.llama.moe_graph import MoEGraph
+from tessera.models.llama.moe_hf import HF_NAMES, Subset, qwen_moe_name, stacked_experts
 
 TESSERA_PLUGIN_API = 2
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_MOE_ONLY_FIELDS = {f.name for f in attrs.fields(MoEConfig)} - {
+    f.name for f in attrs.fields(LlamaConfig)
+}
 
 
 class MoEArchitecture(LlamaArchitecture):
     names = ("qwen3moe", "qwen2moe")  # GGUF "llama" (Mixtral) comes through the llama plugin
-    hf_model_types = tuple(HF_TYPES)
+    # granitemoe and glm4_moe: their own plugins (HF_TYPES names every member's arch)
+    hf_model_types = ("qwen3_moe", "qwen2_moe", "mixtral")
     hf_names = HF_NAMES
 
     def variant(self, config: MoEConfig) -> MoEArchitecture:
@@ -96,6 +93,11 @@ class MoEArchitecture(LlamaArchitecture):
             norm_topk_prob=bool(
                 metadata_key(metadata, arch, "expert_weights_norm", NORM_TOPK[arch])
             ),
+            gating=GATING_IDS.get(
+                int(metadata.get(f"{arch}.expert_gating_func", 0)),
+                DEFAULT_GATING.get(arch, "softmax"),
+            ),
+            expert_bias=any(n.endswith("exp_probs_b.bias") for n in tensor_shapes),
         )
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> MoEConfig:
@@ -124,26 +126,22 @@ class MoEArchitecture(LlamaArchitecture):
         if c.norm_topk_prob != NORM_TOPK[a]:
             # Not llama.cpp's default for this arch: say so (llama.cpp ignores the key).
             meta[f"{a}.expert_weights_norm"] = c.norm_topk_prob
+        if c.gating != "softmax":
+            meta[f"{a}.expert_gating_func"] = next(
+                i for i, g in GATING_IDS.items() if g == c.gating
+            )
         return meta
 
     def tensor_shapes(self, c: MoEConfig) -> dict[str, tuple[int, ...]]:
         shapes = {}
         for name, shape in super().tensor_shapes(c).items():
-            if name.endswith(("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")):
+            layer, _, rest = name.removeprefix("blk.").partition(".")
+            dense_ffn = rest in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+            if name.startswith("blk.") and dense_ffn and c.is_moe_layer(int(layer)):
+                if rest == "ffn_down.weight":  # the last of the three: the experts follow
+                    shapes |= _moe_shapes(c, f"blk.{layer}.")
                 continue
             shapes[name] = shape
-            if name.endswith("ffn_norm.weight"):
-                p = name[: -len("ffn_norm.weight")]
-                e, f, d = c.n_expert, c.n_ff_exp, c.n_embd
-                shapes[p + "ffn_gate_inp.weight"] = (e, d)
-                shapes[p + "ffn_gate_exps.weight"] = (e, f, d)
-                shapes[p + "ffn_up_exps.weight"] = (e, f, d)
-                shapes[p + "ffn_down_exps.weight"] = (e, d, f)
-                if c.n_ff_shexp:
-                    shapes[p + "ffn_gate_inp_shexp.weight"] = (d,)
-                    shapes[p + "ffn_gate_shexp.weight"] = (c.n_ff_shexp, d)
-                    shapes[p + "ffn_up_shexp.weight"] = (c.n_ff_shexp, d)
-                    shapes[p + "ffn_down_shexp.weight"] = (d, c.n_ff_shexp)
         return shapes
 
     def tensors_from_hf(
@@ -153,10 +151,9 @@ class MoEArchitecture(LlamaArchitecture):
         for hf_name in hf_tensors:
             layer, _, rest = hf_name.removeprefix("model.layers.").partition(".")
             rest = qwen_moe_name(rest)
-            if hf_name.startswith("model.layers.") and rest.startswith("mlp."):
-                if rest not in HF_SHARED_NAMES:
-                    experts.setdefault(int(layer), {})[rest] = hf_name
-                    continue
+            if hf_name.startswith("model.layers.") and rest.startswith("mlp.experts."):
+                experts.setdefault(int(layer), {})[rest] = hf_name
+                continue
             mapped[hf_name] = hf_name
         yield from super().tensors_from_hf(c, Subset(hf_tensors, mapped), for_gguf)
         for layer, names in sorted(experts.items()):
@@ -171,6 +168,8 @@ class MoEArchitecture(LlamaArchitecture):
             "norm_topk_prob": overrides.pop("norm_topk_prob", NORM_TOPK[arch]),
             "n_ff_shexp": overrides.pop("n_ff_shexp", 48 if arch == "qwen2moe" else 0),
         }
+        # the routing fields (and any other of MoEConfig's own) go to the MoE config
+        moe |= {k: overrides.pop(k) for k in list(overrides) if k in _MOE_ONLY_FIELDS}
         if arch in EXPERTS_AS_WIDE_AS_FFN:  # Mixtral: the experts are the llama FFN's width
             overrides["n_ff"] = moe["n_ff_exp"]
         base = super().example_config(arch=BASE_ARCH[arch], **overrides)
@@ -180,12 +179,14 @@ class MoEArchitecture(LlamaArchitecture):
         return [*super().required_ops(c), ("mul", {})]
 
     def expert_layout(self, c: MoEConfig) -> ExpertLayout:
+        """Every MoE block's experts, the MTP blocks' included."""
         return ExpertLayout(
             c.n_expert,
             c.n_expert_used,
             tuple(
                 ExpertTensors(il, *(f"blk.{il}.{n}.weight" for n in _EXPERTS))
-                for il in range(c.n_layer)
+                for il in range(c.n_layer + c.n_nextn)
+                if c.is_moe_layer(il)
             ),
         )
 
@@ -223,38 +224,26 @@ class MixtralArchitecture(MoEArchitecture):
         return self
 
 
-class MoEGraph(LlamaGraph):
-    """A llama-family graph whose FFN is routed experts (plus a shared expert)."""
-
-    def __init__(
-        self, config: MoEConfig, weights: Mapping[str, Any], backend: Any, experts: ModelExperts
-    ) -> None:
-        super().__init__(config, weights, backend)
-        self.experts = experts
-        self.use_op, why = moe_ffn_enabled(
-            backend, n_expert=config.n_expert, n_expert_used=config.n_expert_used
-        )
-        backend.record("moe_ffn", "moe_ffn" if self.use_op else "core-op fallback", why)
-
-    def _ffn(self, il: int, h: Any) -> Any:
-        b, c, p = self.b, self.c, f"blk.{il}."
-        logits = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp.weight"]))
-        ids, weights = route_top_k(logits, c.n_expert_used, c.norm_topk_prob)
-        experts = self.experts.layer(il)
-        if self.use_op:
-            out = b.moe_ffn(h, ids, weights, experts)
-        else:
-            out = moe_ffn_fallback(b, h, ids, weights, experts)
-        if not c.n_ff_shexp:
-            return out
-        gate = b.matmul(h, self.w[p + "ffn_gate_shexp.weight"])
-        up = b.matmul(h, self.w[p + "ffn_up_shexp.weight"])
-        shared = b.matmul(b.swiglu(gate, up), self.w[p + "ffn_down_shexp.weight"])
-        score = b.to_numpy(b.matmul(h, self.w[p + "ffn_gate_inp_shexp.weight"])).reshape(-1, 1)
-        sigmoid = (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
-        return b.add(out, b.mul(shared, b.from_numpy(sigmoid)))
-
-
 @hookimpl
 def tessera_register_architectures(register):
     register(MoEArchitecture())
+
+
+def _moe_shapes(c: MoEConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """The router, the stacked experts and the shared expert of one MoE block."""
+    e, f, d = c.n_expert, c.n_ff_exp, c.n_embd
+    shapes = {
+        p + "ffn_gate_inp.weight": (e, d),
+        p + "ffn_gate_exps.weight": (e, f, d),
+        p + "ffn_up_exps.weight": (e, f, d),
+        p + "ffn_down_exps.weight": (e, d, f),
+    }
+    if c.expert_bias:
+        shapes[p + "exp_probs_b.bias"] = (e,)
+    if c.n_ff_shexp:
+        if c.shexp_gated:
+            shapes[p + "ffn_gate_inp_shexp.weight"] = (d,)
+        shapes[p + "ffn_gate_shexp.weight"] = (c.n_ff_shexp, d)
+        shapes[p + "ffn_up_shexp.weight"] = (c.n_ff_shexp, d)
+        shapes[p + "ffn_down_shexp.weight"] = (d, c.n_ff_shexp)
+    return shapes

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tessera.models.llama.config import LlamaConfig
+from tessera.models.llama.config import TRAITS, LlamaConfig
 from tessera.models.llama.rope import factor_shapes
 
 
@@ -23,11 +23,11 @@ def tensor_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
 def _attention_shapes(c: LlamaConfig, p: str) -> dict[str, tuple[int, ...]]:
     q, kv, e = c.q_dim, c.kv_dim, c.n_embd
     shapes: dict[str, tuple[int, ...]] = {}
+    if c.pre_norms:
+        shapes[p + "attn_norm.weight"] = (e,)
     if c.post_norms:
         shapes[p + "post_attention_norm.weight"] = (e,)
-    else:
-        shapes[p + "attn_norm.weight"] = (e,)
-    if c.fused:
+    if c.fused_qkv:
         shapes[p + "attn_qkv.weight"] = (q + 2 * kv, e)
     else:
         shapes |= {p + "attn_q.weight": (q, e), p + "attn_k.weight": (kv, e)}
@@ -45,11 +45,11 @@ def _attention_shapes(c: LlamaConfig, p: str) -> dict[str, tuple[int, ...]]:
 def _ffn_shapes(c: LlamaConfig, p: str) -> dict[str, tuple[int, ...]]:
     e, f = c.n_embd, c.n_ff
     shapes: dict[str, tuple[int, ...]] = {}
+    if c.pre_norms:
+        shapes[p + TRAITS[c.arch].ffn_norm + ".weight"] = (e,)
     if c.post_norms:
         shapes[p + "post_ffw_norm.weight"] = (e,)
-    else:
-        shapes[p + "ffn_norm.weight"] = (e,)
-    if c.fused:
+    if c.fused_gate_up:
         shapes[p + "ffn_up.weight"] = (2 * f, e)  # gate rows, then up rows
     else:
         shapes |= {p + "ffn_gate.weight": (f, e), p + "ffn_up.weight": (f, e)}
@@ -58,21 +58,13 @@ def _ffn_shapes(c: LlamaConfig, p: str) -> dict[str, tuple[int, ...]]:
 
 
 def nextn_tensor_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Tensors of the MTP blocks ``blk.{n_layer + i}``: a full decoder block plus
-    llama.cpp's ``nextn.*`` tensors (the embedding and output head are the model's own)."""
-    q_dim, kv_dim = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    """Tensors of the MTP blocks ``blk.{n_layer + i}``: a decoder block like the model's
+    others plus llama.cpp's ``nextn.*`` tensors (the embedding and output head are the
+    model's own)."""
     shapes: dict[str, tuple[int, ...]] = {}
     for i in range(c.n_layer, c.n_layer + c.n_nextn):
         p = f"blk.{i}."
-        shapes[p + "attn_norm.weight"] = (c.n_embd,)
-        shapes[p + "attn_q.weight"] = (q_dim, c.n_embd)
-        shapes[p + "attn_k.weight"] = (kv_dim, c.n_embd)
-        shapes[p + "attn_v.weight"] = (kv_dim, c.n_embd)
-        shapes[p + "attn_output.weight"] = (c.n_embd, q_dim)
-        shapes[p + "ffn_norm.weight"] = (c.n_embd,)
-        shapes[p + "ffn_gate.weight"] = (c.n_ff, c.n_embd)
-        shapes[p + "ffn_up.weight"] = (c.n_ff, c.n_embd)
-        shapes[p + "ffn_down.weight"] = (c.n_embd, c.n_ff)
+        shapes |= _attention_shapes(c, p) | _ffn_shapes(c, p)
         shapes[p + "nextn.eh_proj.weight"] = (c.n_embd, 2 * c.n_embd)
         shapes[p + "nextn.enorm.weight"] = (c.n_embd,)
         shapes[p + "nextn.hnorm.weight"] = (c.n_embd,)

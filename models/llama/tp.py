@@ -44,7 +44,7 @@ class LlamaTensorParallel:
         self, config: LlamaConfig, rank: int, world_size: int, split_lm_head: bool = True
     ) -> None:
         c, n = config, world_size
-        if c.fused or c.qk_norm_full:
+        if c.fused_qkv or c.fused_gate_up or c.qk_norm_full:
             raise TesseraError(
                 f"tensor parallel does not split {c.arch} models yet (fused Q/K/V and gate/up "
                 "tensors, or a Q/K norm over all heads); run it without --tp"

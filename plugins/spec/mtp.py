@@ -1,19 +1,24 @@
 """``--spec-type mtp``: draft with the target's own multi-token-prediction (nextn) block.
 
-Models such as DeepSeek-V3 and GLM-4.5 ship MTP layers; llama.cpp's GGUF stores them as
-extra blocks after the main ones: ``{arch}.nextn_predict_layers`` says how many, and
-``block_count`` includes them. Block ``blk.{n_layer}`` holds a full decoder block plus
-``nextn.eh_proj``, ``nextn.enorm``, ``nextn.hnorm`` and ``nextn.shared_head_norm`` (the
-embedding and output head are the model's own when ``nextn.embed_tokens`` /
-``nextn.shared_head_head`` are absent). For the target's last hidden state ``h_{p-1}``
-(before ``output_norm``) and the token ``t_p`` at position ``p``, the block computes::
+Models such as GLM-4.5 ship MTP layers; llama.cpp's GGUF stores them as extra blocks after
+the main ones: ``{arch}.nextn_predict_layers`` says how many, and ``block_count`` includes
+them. Block ``blk.{n_layer}`` holds a decoder block of the model's own kind (GLM-4.5's:
+its attention and routed experts) plus ``nextn.eh_proj``, ``nextn.enorm``, ``nextn.hnorm``
+and ``nextn.shared_head_norm`` (the embedding and output head are the model's own unless
+``nextn.embed_tokens`` / ``nextn.shared_head_head`` are there, as llama.cpp reads them).
+For the target's hidden state ``h_{p-1}`` and the token ``t_p`` at position ``p``, the
+block computes::
 
     m = eh_proj(concat(enorm(embed(t_p)), hnorm(h_{p-1})))  ->  block  ->  m'
     logits(t_{p+1}) = output(shared_head_norm(m'))
 
-The first draft token uses the target's real ``h``; further ones feed ``m'`` back as
-``h``. The block attends over a KV cache of its own (one layer), filled with the rows of
-every accepted position; draft rows are removed from it after each verification.
+The first draft token uses the target's real ``h``; further ones feed the block's own
+back as ``h``. Which hidden state is ``h`` is the architecture's (its graph's
+``nextn_normed_h``): GLM-4.5's is taken after ``output_norm`` and fed back after
+``shared_head_norm``, as llama.cpp's ``t_h_nextn``; the bundled default model's head was
+trained on ``h`` before the norms and ``m'``. The block attends over a KV cache of its own
+(one layer, laid out as the model's), filled with the rows of every accepted position;
+draft rows are removed from it after each verification.
 """
 
 from __future__ import annotations
@@ -35,7 +40,6 @@ class MTPDecoder(SpecDecoder):
     needs_all_prompt_outputs = True
 
     def __init__(self, ctx: Any, params: SpecParams, runtime: Any) -> None:
-        from tessera.contract.arch import KVLayerLayout
         from tessera.engine.kv_cache import KVCache
         from tessera.errors import TesseraError
 
@@ -48,16 +52,21 @@ class MTPDecoder(SpecDecoder):
                 "is missing or 0); use --spec-type draft -md FILE or --spec-type ngram"
             )
         graph = model.graph
-        if not hasattr(graph, "hidden_sink") or not hasattr(graph, "_attention"):
+        if not hasattr(graph, "hidden_sink") or not hasattr(graph, "nextn_block"):
             raise TesseraError(
-                f"the {c.arch} architecture plugin does not expose its hidden state, which "
-                "--spec-type mtp needs; use --spec-type draft or ngram"
+                f"the {c.arch} architecture plugin does not expose its hidden state and MTP "
+                "block, which --spec-type mtp needs; use --spec-type draft or ngram"
             )
         self.ctx, self.graph, self.c, self.b = ctx, graph, c, model.backend
         self.il = c.n_layer  # the first nextn block
         self.w = model.weights
+        p = f"blk.{self.il}.nextn."
+        self.embed = self.w.get(p + "embed_tokens.weight", self.w["token_embd.weight"])
+        self.head_norm = self.w.get(p + "shared_head_norm.weight", self.w["output_norm.weight"])
+        self.head = self.w.get(p + "shared_head_head.weight")
         self.eh_e, self.eh_h = self._split_eh_proj(model, runtime)
-        layout = [None] * self.il + [KVLayerLayout(c.n_head_kv, c.head_dim, c.head_dim)]
+        # one cache layer, as the model lays out its others
+        layout = [None] * self.il + [model.arch.kv_layout(c)[0]]
         self.kv = KVCache(self.b, layout, ctx.n_ctx, 1)
         self.h = np.zeros((ctx.n_ctx, c.n_embd), dtype=np.float32)  # target h by position
         self.n_done = 1  # MTP rows are in the cache for positions [1, n_done)
@@ -69,8 +78,11 @@ class MTPDecoder(SpecDecoder):
         from tessera.files.gguf import RawTensor, read_gguf
 
         name = f"blk.{self.il}.nextn.eh_proj.weight"
-        raw = read_gguf(model.path).tensors[name]
-        w = runtime.quant_type(raw.ggml_type, name).dequantize_tensor(raw.data, raw.shape)
+        if model.path.is_dir():  # an HF folder: its weights are float arrays already
+            w = self.b.to_numpy(self.w[name])
+        else:
+            raw = read_gguf(model.path).tensors[name]
+            w = runtime.quant_type(raw.ggml_type, name).dequantize_tensor(raw.data, raw.shape)
         f32 = runtime.quant_type(0)
         halves = []
         for part in (w[:, : self.c.n_embd], w[:, self.c.n_embd :]):
@@ -88,15 +100,14 @@ class MTPDecoder(SpecDecoder):
         return np.concatenate(rows, axis=0) if rows else np.zeros((0, self.c.n_embd))
 
     def _block(self, h: np.ndarray, tokens: Sequence[int], positions: np.ndarray) -> tuple:
-        """Run the nextn block on rows ``(h_{p-1}, t_p)``; return (last row's logits, m')."""
+        """Run the nextn block on rows ``(h_{p-1}, t_p)``; return (last row's logits, the
+        ``h`` each row hands the next draft step)."""
         from tessera.contract.arch import ForwardInput
 
         b, w, c, p = self.b, self.w, self.c, f"blk.{self.il}."
         tokens = np.asarray(tokens, dtype=np.int32)
         seqs = np.zeros(len(tokens), dtype=np.int32)
-        e = b.rms_norm(
-            b.get_rows(w["token_embd.weight"], tokens), w[p + "nextn.enorm.weight"], c.rms_eps
-        )
+        e = b.rms_norm(b.get_rows(self.embed, tokens), w[p + "nextn.enorm.weight"], c.rms_eps)
         hn = b.rms_norm(
             b.from_numpy(np.ascontiguousarray(h, dtype=np.float32)),
             w[p + "nextn.hnorm.weight"],
@@ -111,18 +122,11 @@ class MTPDecoder(SpecDecoder):
             output_rows=np.arange(len(tokens)),
             kv=self.kv.view(cells, positions, seqs, self.ctx.kv_path),
         )
-        x = b.add(
-            x,
-            self.graph._attention(
-                self.il, b.rms_norm(x, w[p + "attn_norm.weight"], c.rms_eps), inp
-            ),
-        )
-        x = b.add(x, self.graph._ffn(self.il, b.rms_norm(x, w[p + "ffn_norm.weight"], c.rms_eps)))
-        last = b.get_rows(x, np.array([len(tokens) - 1]))
-        logits = self.graph._logits(
-            b.rms_norm(last, w[p + "nextn.shared_head_norm.weight"], c.rms_eps)
-        )
-        return b.to_numpy(logits)[0], b.to_numpy(x)
+        x = self.graph.nextn_block(self.il, x, inp)
+        normed = b.rms_norm(x, self.head_norm, c.rms_eps)
+        last = b.get_rows(normed, np.array([len(tokens) - 1]))
+        logits = self.graph._logits(last) if self.head is None else b.matmul(last, self.head)
+        return b.to_numpy(logits)[0], b.to_numpy(normed if self.graph.nextn_normed_h else x)
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:
         self.kv.clear()

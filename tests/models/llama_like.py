@@ -13,7 +13,6 @@ The oracle is transformers itself, loading the committed HF folder in float32.
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,16 @@ VOCAB_SIZE = 320
 N_PROMPT, N_PREDICT = 12, 8
 SMALL = {"n_embd": 64, "n_head": 4, "n_head_kv": 2, "n_ff": 64, "head_dim": 16}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}
+#: GLM's special tokens (its chat template's and those llama.cpp's converter looks up).
+GLM_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+#: GLM-4.5's router: sigmoid over 6 experts in 2 groups (the best one eligible), top-2
+#: renormalized and scaled, one shared expert, a dense first block, Q/K norms.
+GLM4_MOE = {
+    "n_routed_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "n_shared_experts": 1, "n_group": 2, "topk_group": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "use_qk_norm": True,
+    "attention_bias": True, "num_nextn_predict_layers": 1,
+}  # fmt: skip
 
 
 @attrs.frozen
@@ -62,6 +71,11 @@ class Fixture:
     #: Config fields the GGUF llama.cpp writes does not keep (the model it describes is
     #: transformers' with these overrides): Mistral's sliding window.
     llama_cpp_drops: dict[str, Any] = attrs.field(factory=dict)
+    #: Special tokens added to the vocabulary (llama.cpp's GLM converter looks them up).
+    special_tokens: tuple[str, ...] = ()
+    #: MTP blocks appended after the main ones, as GLM-4.5 checkpoints carry them
+    #: (transformers makes and loads the model without them).
+    nextn: int = 0
 
     @property
     def folder(self) -> Path:
@@ -158,6 +172,18 @@ FIXTURES = {
             "llama-yarn", "llama", "llama", "meta-llama-Llama-3.2-3B-Instruct", 20,
             SMALL | {"n_layer": 2},
             {"max_position_embeddings": 64, "rope_parameters": YARN | {"rope_theta": 10000.0}},
+        ),
+        # GLM-4-0414: four norms a block, fused gate/up, normal-mode RoPE on half of each
+        # head, Q/K/V biases
+        Fixture(
+            "glm4", "glm4", "glm4", "GLM-4.6", 22, SMALL | {"n_layer": 2},
+            {"attention_bias": True}, special_tokens=GLM_TOKENS,
+        ),
+        # GLM-4.5: DeepSeek-style experts after a dense block, NeoX RoPE on half of each
+        # head, and its MTP block
+        Fixture(
+            "glm4moe", "glm4_moe", "glm4moe", "GLM-4.6", 23, SMALL | {"n_layer": 2}, GLM4_MOE,
+            special_tokens=GLM_TOKENS, nextn=1,
         ),
         Fixture(
             "llama-llama3", "llama", "llama", "meta-llama-Llama-3.1-8B-Instruct", 21,
@@ -269,16 +295,3 @@ def tessera_answers(
     ctx = Context(model, ContextParams(n_ctx=n_ctx))
     sampler = Sampler(SamplerParams(temperature=0))
     return logits, list(generate(ctx, prompt.tolist(), n_predict, sampler))
-
-
-def write_tokenizer_config(f: Fixture, folder: Path, eos_token: str) -> None:
-    """The fixture's ``tokenizer_config.json``: its family's chat template and tokens."""
-    config = {
-        "tokenizer_class": f.tokenizer_class,
-        "bos_token": eos_token,
-        "eos_token": eos_token,
-        "pad_token": eos_token,
-        "chat_template": (TEMPLATE_DIR / f"{f.template}.jinja").read_text(),
-        "clean_up_tokenization_spaces": False,
-    }
-    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))

@@ -21,7 +21,10 @@ from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 
 #: (fixture, where it is read from): every dense GGUF, and Mistral's HF folder (windowed)
-CASES = [(n, "gguf") for n, f in FIXTURES.items() if f.arch != "granitemoe"] + [("mistral", "hf")]
+#: (MoE models are left out: their graph never asks for the fusion, and rebuilding it here
+#: without the loader's expert placement is not possible)
+MOE = ("granitemoe", "glm4moe")
+CASES = [(n, "gguf") for n, f in FIXTURES.items() if f.arch not in MOE] + [("mistral", "hf")]
 PLAIN = {("llama-linear", "gguf"), ("mistral", "gguf")}
 
 pytestmark = pytest.mark.skipif("torch" not in RUNTIME.backends(), reason="needs torch")

@@ -16,7 +16,8 @@ import pytest
 import torch
 import transformers
 
-from tessera.contract.experts import MoEOptions, route_top_k
+from tessera.contract.experts import MoEOptions
+from tessera.contract.routing import route_experts
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
@@ -65,16 +66,16 @@ def test_trained_router_spreads_tokens_and_has_locality(model, monkeypatch):
     chance (1 - C(6,2)/C(8,2) = 0.46 for top-2 of 8), while no layer collapses onto a few."""
     from pydoc_data.topics import topics
 
-    import tessera.models.llama.moe as qwen3moe
+    import tessera.models.llama.moe_graph as moe_graph
 
     routed: list[np.ndarray] = []
 
-    def recording(logits, k, normalize, *rest):
-        ids, weights = route_top_k(logits, k, normalize, *rest)
+    def recording(logits, k, *rest):
+        ids, weights = route_experts(logits, k, *rest)
         routed.append(ids)
         return ids, weights
 
-    monkeypatch.setattr(qwen3moe, "route_top_k", recording)
+    monkeypatch.setattr(moe_graph, "route_experts", recording)
     ids = model.tokenizer.encode(topics["for"] + topics["while"])[:400]
     Context(model, ContextParams(n_ctx=512)).decode(Batch.for_sequence(ids, logits="all"))
     assert len(routed) == model.config.n_layer
