@@ -1,0 +1,1 @@
+"""DeepSeek-V2 and DeepSeek-V3 (GGUF ``deepseek2``): MLA attention, DeepSeek MoE."""
