@@ -18,13 +18,15 @@ TESSERA_PLUGIN_API = 2
 #: hold no data); the API needs the key.
 _ROUTES = [
     ("/", "static_files", "index", ("GET",), True),
-    ("/ui/{filename}", "static_files", "asset", ("GET",), True),
+    ("/favicon.ico", "static_files", "favicon", ("GET",), True),
+    ("/ui/{filename:path}", "static_files", "asset", ("GET",), True),
     ("/api/models", "api", "list_models", ("GET",), False),
     ("/api/models/load", "api", "load", ("POST",), False),
     ("/api/models/unload", "api", "unload", ("POST",), False),
     ("/api/models/delete", "api", "delete", ("POST",), False),
     ("/api/models/hide", "api", "hide", ("POST",), False),
     ("/api/models/favourite", "api", "favourite", ("POST",), False),
+    ("/api/models/{name}", "api", "model_info", ("GET",), False),
     ("/api/downloads", "api", "list_downloads", ("GET",), False),
     ("/api/downloads", "api", "start_download", ("POST",), False),
     ("/api/downloads/pause", "api", "pause_download", ("POST",), False),

@@ -1,9 +1,10 @@
-"""The Models Manager's JSON API: list, load, unload, delete, hide, favourite, and the
-downloads. Every route needs the API key when the server has one."""
+"""The Models Manager's JSON API: list, one model's metadata, load, unload, delete, hide,
+favourite, and the downloads. Every route needs the API key when the server has one."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -15,6 +16,7 @@ from tessera.plugins.server.model_pool import ModelEntry, MultiModelPool
 from tessera.plugins.server.state import ServerState
 
 from .downloads import Downloads
+from .model_details import model_details
 
 
 def _state(request: Request) -> ServerState:
@@ -87,6 +89,26 @@ async def list_models(request: Request) -> Any:
             "downloads": [d.as_json() for d in downloads.list()] if downloads else [],
         }
     )
+
+
+async def model_info(request: Request) -> Any:
+    """One model's row (as ``/api/models`` lists it) with the metadata of its file."""
+    name = request.path_params["name"]
+    pool = _state(request).pool
+    if isinstance(pool, MultiModelPool):
+        entry = pool.entry(name)
+        row = await asyncio.to_thread(pool.summary, entry)
+        path = Path(entry.path)
+    else:
+        served = next((m for m in pool.served() if m.name == name), None)
+        if served is None:
+            raise ApiError(
+                404,
+                f"model '{name}' is not served here; see GET /api/models",
+                code="model_not_found",
+            )
+        row, path = {"name": served.name, "path": served.path, "state": "loaded"}, Path(served.path)
+    return JSONResponse({**row, **await asyncio.to_thread(model_details, path)})
 
 
 async def load(request: Request) -> Any:

@@ -1,4 +1,5 @@
-"""The page and its script and style sheet, from the package's ``static`` folder."""
+"""The page and its scripts, style sheets, icon and vendored libraries, from the
+package's ``static`` folder."""
 
 from __future__ import annotations
 
@@ -11,18 +12,24 @@ from starlette.responses import FileResponse
 from tessera.contract.routes import ApiError
 
 STATIC = Path(__file__).parent / "static"
-#: The only files served: a name from the URL never reaches the file system otherwise.
+_MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+#: The only files served, by their path under ``static``: a name from the URL is looked
+#: up here and never reaches the file system otherwise.
 _ASSETS = {
-    "app.js": "text/javascript",
-    "chat.js": "text/javascript",
-    "models.js": "text/javascript",
-    "style.css": "text/css",
+    path.relative_to(STATIC).as_posix(): _MEDIA_TYPES[path.suffix]
+    for path in STATIC.rglob("*")
+    if path.is_file() and path.suffix in _MEDIA_TYPES
 }
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 async def index(request: Request) -> Any:
     return FileResponse(STATIC / "index.html", media_type="text/html", headers=_NO_CACHE)
+
+
+async def favicon(request: Request) -> Any:
+    # browsers ask for /favicon.ico whatever the page links; the SVG answers it
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml", headers=_NO_CACHE)
 
 
 async def asset(request: Request) -> Any:

@@ -1,11 +1,16 @@
-// The Models Manager: every model with its facts and state, sorting, filtering, the
-// actions (load, unload, hide, favourite, delete), and downloads with their progress.
-"use strict";
+// The Models Manager: every model with its facts and state, sorting, filtering (text,
+// architecture, quant type), the actions (load, unload, hide, favourite, delete, details),
+// and downloads with their progress.
 
-(() => {
+import { api, status } from "./api.js";
+import { showDetails } from "./model-details.js";
+
+export function initModels() {
   const tbody = document.querySelector("#models-table tbody");
   const dlBody = document.querySelector("#downloads-table tbody");
   const filterInput = document.getElementById("models-filter");
+  const archSelect = document.getElementById("models-arch");
+  const quantSelect = document.getElementById("models-quant");
   const showHidden = document.getElementById("show-hidden");
   const info = document.getElementById("models-info");
   let data = { models: [], downloads: [], manageable: false };
@@ -37,10 +42,23 @@
     return td;
   }
 
+  // The architectures and quant types present, as the choices of their filters.
+  function fillChoices(select, key, all) {
+    const values = [...new Set(data.models.map((m) => m[key]).filter((v) => v))].sort();
+    const signature = JSON.stringify(values);
+    if (select.dataset.values === signature) return;
+    select.dataset.values = signature;
+    const current = select.value;
+    select.replaceChildren(new Option(all, ""), ...values.map((v) => new Option(v, v)));
+    select.value = values.includes(current) ? current : "";
+  }
+
   function visibleRows() {
     const words = filterInput.value.trim().toLowerCase();
     const rows = data.models.filter((m) => {
       if (m.hidden && !showHidden.checked) return false;
+      if (archSelect.value && m.arch !== archSelect.value) return false;
+      if (quantSelect.value && m.quant !== quantSelect.value) return false;
       const hay = [m.name, m.arch, m.quant, m.state].join(" ").toLowerCase();
       return !words || hay.includes(words);
     });
@@ -56,6 +74,8 @@
   }
 
   function renderModels() {
+    fillChoices(archSelect, "arch", "All architectures");
+    fillChoices(quantSelect, "quant", "All quant types");
     const rows = visibleRows();
     const key = JSON.stringify([rows, sortKey, sortDir, data.manageable]);
     if (key === rendered) return;
@@ -73,7 +93,11 @@
         b.title = m.favourite ? "Remove from favourites" : "Mark as favourite";
         fav.appendChild(b);
       }
-      cell(tr, m.name, "name");
+      const nameCell = cell(tr, "", "name");
+      const details = button(m.name, "details", m.name);
+      details.className = "model-name";
+      details.title = "Show this model's metadata";
+      nameCell.appendChild(details);
       cell(tr, mib(m.size), "num");
       cell(tr, m.arch);
       cell(tr, m.quant);
@@ -137,9 +161,9 @@
 
   async function refresh() {
     try {
-      data = await Tessera.api("/api/models");
+      data = await api("/api/models");
     } catch (e) {
-      Tessera.status(e.message);
+      status(e.message);
       return;
     }
     renderModels();
@@ -159,27 +183,28 @@
   async function act(b) {
     const name = b.dataset.name;
     const m = data.models.find((x) => x.name === name);
-    Tessera.status("");
+    status("");
     try {
       switch (b.dataset.action) {
-        case "load": b.disabled = true; b.textContent = "Loading\u2026"; await Tessera.api("/api/models/load", { model: name }); break;
-        case "unload": await Tessera.api("/api/models/unload", { model: name }); break;
-        case "hide": await Tessera.api("/api/models/hide", { model: name, hidden: !m.hidden }); break;
-        case "favourite": await Tessera.api("/api/models/favourite", { model: name, favourite: !m.favourite }); break;
+        case "details": await showDetails(name); return;
+        case "load": b.disabled = true; b.textContent = "Loading\u2026"; await api("/api/models/load", { model: name }); break;
+        case "unload": await api("/api/models/unload", { model: name }); break;
+        case "hide": await api("/api/models/hide", { model: name, hidden: !m.hidden }); break;
+        case "favourite": await api("/api/models/favourite", { model: name, favourite: !m.favourite }); break;
         case "delete": {
           const loaded = m.state === "loaded";
           const q = loaded ? `'${name}' is loaded. Unload it and delete it from disk?` : `Delete '${name}' from disk?`;
           if (!confirm(q)) return;
-          await Tessera.api("/api/models/delete", { model: name, force: loaded });
+          await api("/api/models/delete", { model: name, force: loaded });
           break;
         }
-        case "dl-pause": await Tessera.api("/api/downloads/pause", { id: b.dataset.id }); break;
-        case "dl-resume": await Tessera.api("/api/downloads/resume", { id: b.dataset.id }); break;
-        case "dl-cancel": await Tessera.api("/api/downloads/cancel", { id: b.dataset.id }); break;
+        case "dl-pause": await api("/api/downloads/pause", { id: b.dataset.id }); break;
+        case "dl-resume": await api("/api/downloads/resume", { id: b.dataset.id }); break;
+        case "dl-cancel": await api("/api/downloads/cancel", { id: b.dataset.id }); break;
         default: return;
       }
     } catch (e) {
-      Tessera.status(e.message);
+      status(e.message);
     }
     rendered = "";
     await refresh();
@@ -196,23 +221,25 @@
     }
   });
   filterInput.addEventListener("input", renderModels);
+  archSelect.addEventListener("change", renderModels);
+  quantSelect.addEventListener("change", renderModels);
   showHidden.addEventListener("change", renderModels);
   document.getElementById("download-form").addEventListener("submit", async (e) => {
     e.preventDefault();
-    Tessera.status("");
+    status("");
     const body = { url: document.getElementById("dl-url").value.trim() };
     const filename = document.getElementById("dl-filename").value.trim();
     const sha = document.getElementById("dl-sha256").value.trim();
     if (filename) body.filename = filename;
     if (sha) body.sha256 = sha;
     try {
-      await Tessera.api("/api/downloads", body);
+      await api("/api/downloads", body);
       e.target.reset();
     } catch (err) {
-      Tessera.status(err.message);
+      status(err.message);
     }
     await refresh();
   });
   document.addEventListener("tessera:page", (e) => { if (e.detail === "models") poll(); });
   document.addEventListener("tessera:refresh", () => { rendered = ""; refresh(); });
-})();
+}

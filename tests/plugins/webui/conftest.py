@@ -1,9 +1,12 @@
 """Tiny random-weight models in a models directory, and a multi-model server over them
-(numpy backend: deterministic), plus a JSON helper for the API."""
+(numpy backend: deterministic), a JSON helper for the API, and for the browser tests a
+headless Chromium (Debian's chromium + chromedriver, driven by Selenium) and the folder
+their screenshots go to ($TESSERA_SCREENSHOT_DIR, default: a pytest temporary folder)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import urllib.error
@@ -85,3 +88,62 @@ def server_argv(models_dir: Path, *extra: str) -> list[str]:
 def server(models_dir):
     with live_server(server_argv(models_dir)) as srv:
         yield srv
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+def _browser_missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.path.exists(path):
+            return f"{path} is missing; install Debian's chromium and chromium-driver (make test)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed; pip install -e .[test]"
+    return None
+
+
+@pytest.fixture(scope="module")
+def downloads_dir(tmp_path_factory) -> Path:
+    """Where the browser saves what the page downloads (exported conversations)."""
+    return tmp_path_factory.mktemp("browser-downloads")
+
+
+@pytest.fixture(scope="module")
+def driver(downloads_dir):
+    missing = _browser_missing()
+    if missing:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"browser tests cannot run in CI: {missing}")
+        # Real skip, outside CI only: a developer machine without Chromium (make test
+        # installs it); in CI the same condition fails above.
+        pytest.skip(missing)
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never download a driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--window-size=1200,820")
+    options.add_experimental_option(
+        "prefs",
+        {"download.default_directory": str(downloads_dir), "download.prompt_for_download": False},
+    )
+    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    d.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads_dir)}
+    )
+    yield d
+    d.quit()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    given = os.environ.get("TESSERA_SCREENSHOT_DIR")
+    path = Path(given) if given else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

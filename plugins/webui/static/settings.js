@@ -1,0 +1,74 @@
+// The settings panel of the open conversation: its system prompt and sampler values.
+// Each conversation keeps its own; an empty box means the server's default.
+
+import { SAMPLERS } from "./conversation.js";
+
+const panel = document.getElementById("chat-settings");
+const toggle = document.getElementById("settings-toggle");
+const system = document.getElementById("set-system");
+const grid = document.getElementById("settings-samplers");
+const inputs = {};
+let conversation = null;
+let changed = () => {};
+
+for (const s of SAMPLERS) {
+  const label = document.createElement("label");
+  label.textContent = s.label;
+  const input = document.createElement("input");
+  input.type = "number";
+  input.id = "set-" + s.name;
+  input.name = s.name;
+  input.step = s.step;
+  input.min = s.min;
+  if (s.max) input.max = s.max;
+  input.placeholder = s.hint;
+  input.inputMode = s.integer ? "numeric" : "decimal";
+  label.appendChild(input);
+  grid.appendChild(label);
+  inputs[s.name] = input;
+}
+
+function countSet() {
+  const n = SAMPLERS.filter((s) => conversation.settings[s.name] !== undefined).length +
+    (conversation.settings.system ? 1 : 0);
+  toggle.textContent = n ? `Settings (${n})` : "Settings";
+}
+
+function store(name, value) {
+  if (!conversation) return;
+  if (value === "") delete conversation.settings[name];
+  else conversation.settings[name] = value;
+  countSet();
+  changed();
+}
+
+// "change" as well as "input": a box emptied by a script or the browser's autofill fires
+// only the former
+for (const type of ["input", "change"]) {
+  system.addEventListener(type, () => store("system", system.value));
+  for (const [name, input] of Object.entries(inputs)) {
+    // a value the box itself rejects (out of range, not a number) is not kept
+    input.addEventListener(type, () => { if (input.validity.valid) store(name, input.value); });
+  }
+}
+toggle.addEventListener("click", () => {
+  panel.hidden = !panel.hidden;
+  toggle.setAttribute("aria-expanded", String(!panel.hidden));
+});
+document.getElementById("settings-reset").addEventListener("click", () => {
+  for (const s of SAMPLERS) delete conversation.settings[s.name];
+  showSettings(conversation);
+  changed();
+});
+
+// Show a conversation's settings; onChange() is called after each edit.
+export function showSettings(conv, onChange) {
+  conversation = conv;
+  if (onChange) changed = onChange;
+  system.value = conv.settings.system || "";
+  for (const s of SAMPLERS) {
+    const v = conv.settings[s.name];
+    inputs[s.name].value = v === undefined ? "" : v;
+  }
+  countSet();
+}
