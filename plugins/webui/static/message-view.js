@@ -91,12 +91,14 @@ export function messageElement(m, index) {
     }
   }
   article.appendChild(el("div", "error-text"));
-  article.appendChild(el("div", "meta"));
+  const foot = el("div", "msg-foot");
+  foot.appendChild(el("div", "meta"));
   const actions = el("div", "actions");
   actions.appendChild(actionButton("Copy", "copy", "Copy this message's text"));
   if (m.role === "user") actions.appendChild(actionButton("Edit", "edit", "Edit and send again"));
   else actions.appendChild(actionButton("Regenerate", "regenerate", "Answer this again"));
-  article.appendChild(actions);
+  foot.appendChild(actions);
+  article.appendChild(foot);
   if (m.role === "assistant") updateAssistant(article, m);
   return article;
 }

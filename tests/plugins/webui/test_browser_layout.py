@@ -112,9 +112,13 @@ def test_the_page_fills_the_window_and_screenshots(driver, layout_server, shots)
     assert height - 40 < form["y"] + form["height"] <= height + 1  # the composer at the bottom
     assert driver.execute_script("return document.documentElement.scrollHeight") <= height
     assert no_horizontal_scroll(driver)
+    click(driver, ".msg.assistant .thinking summary")  # the reasoning, unfolded
     driver.save_screenshot(str(shots / "chat.png"))
     _scheme(driver, "dark")
     wait(driver, lambda d: _background(d) == DARK_BG, what="dark colours")
+    click(driver, "#settings-toggle")
+    css(driver, "#set-system")[0].send_keys("Answer briefly, with an example.")
+    assert driver.execute_script("return document.documentElement.scrollHeight") <= height
     driver.save_screenshot(str(shots / "chat-dark.png"))
 
 
