@@ -45,6 +45,8 @@ class Model:
     #: A mixture-of-experts model's :class:`tessera.contract.experts.ModelExperts` (placement,
     #: cache counters); None for dense models.
     experts: Any = None
+    #: Each tensor's stored quant type by name ("F32", "Q8_0" ...), as the file holds it.
+    tensor_types: dict[str, str] = attrs.field(factory=dict)
 
     @property
     def n_vocab(self) -> int:
@@ -159,10 +161,9 @@ def load_model(
     weights: dict[str, Any] = {}
     items = list(raw.items())
     if progress:
-        from tqdm import tqdm
+        from tessera.progress_bar import progress as bar
 
-        # disable=None: draw the bar only on a terminal, never into pipes or logs.
-        items = tqdm(items, desc=f"loading {path.name}", unit="tensor", leave=False, disable=None)
+        items = bar(items, f"loading {path.name}", total=len(raw))
     layout = arch.expert_layout(config)
     expert_names = {n for t in layout.layers for n in t.names} if layout else set()
     for name, tensor in items:
@@ -181,8 +182,9 @@ def load_model(
     )
     tokenizer = _tokenizer(path, metadata) if has_vocab else None
     identity = model_identity(metadata, raw)
+    types = {name: qtype.name for name, qtype in qtypes.items()}
     return Model(
-        path, arch, config, backend, weights, graph, tokenizer, metadata, identity, experts
+        path, arch, config, backend, weights, graph, tokenizer, metadata, identity, experts, types
     )
 
 

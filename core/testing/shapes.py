@@ -11,7 +11,7 @@ the model itself in the backend's dtype.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +92,12 @@ def random_model(
     *,
     device: str | None = None,
     dtype: str | None = None,
+    progress: bool = False,
 ) -> Any:
     """A :class:`tessera.files.load.Model` of shape ``name`` with random weights (no tokenizer:
     benchmarks feed token ids). ``backend`` is a Backend, a name, or None for the best one
-    that runs the model, as :func:`tessera.files.load.load_model` chooses."""
+    that runs the model, as :func:`tessera.files.load.load_model` chooses. ``progress``
+    draws a bar over the tensors on a terminal (a full-size shape takes a while)."""
     from tessera.files.gguf import RawTensor
     from tessera.files.load import Model, select_backend, unsupported_ops
 
@@ -110,7 +112,13 @@ def random_model(
     fixed: Mapping[str, np.ndarray] = arch.example_tensors(config)
     f32 = runtime.quant_type_by_name("F32")
     weights: dict[str, Any] = {}
-    for tensor, shape in arch.tensor_shapes(config).items():
+    all_shapes = arch.tensor_shapes(config)
+    shapes: Iterable[tuple[str, tuple[int, ...]]] = all_shapes.items()
+    if progress:
+        from tessera.progress_bar import progress as bar
+
+        shapes = bar(shapes, f"building random {name}", total=len(all_shapes))
+    for tensor, shape in shapes:
         values = fixed.get(tensor)
         if values is None:
             values = _values(rng, pool, shape)
@@ -121,4 +129,7 @@ def random_model(
         weights[tensor] = backend.load_weight(raw, f32)
     graph = arch.build(config, weights, backend)
     metadata = {**arch.gguf_metadata(config), "general.name": f"random {name}"}
-    return Model(Path(name), arch, config, backend, weights, graph, None, metadata, name)
+    types = dict.fromkeys(all_shapes, "F32")
+    return Model(
+        Path(name), arch, config, backend, weights, graph, None, metadata, name, tensor_types=types
+    )

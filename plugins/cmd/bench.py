@@ -9,9 +9,11 @@ deviation of tokens/s, as llama-bench:
   the last token only (so KV-shared layers can be pruned);
 - ``tg<n>``: ``n`` tokens decoded one at a time into an empty cache.
 
-A warm-up pp and tg run first (``--no-warmup`` skips them). Repetitions are interleaved
-across instances (rep 1 of every instance, then rep 2 in reverse order ...), so on a
-shared machine load drift hits every instance alike: ``--prune on,off`` is an A/B.
+A warm-up pp and tg run first (``--no-warmup`` skips them). The tests run one after the
+other; within a test, repetitions are interleaved across instances (rep 1 of every
+instance, then rep 2 in reverse order ...), so on a shared machine load drift hits every
+instance alike: ``--prune on,off`` is an A/B. A test's rows (one per instance) are printed
+as soon as its repetitions are done, not all at the end.
 Models: ``-m FILE`` (GGUF or HF folder), or random weights of named shapes
 (``--shape gemma4-e2b,gemma4-e4b``, :mod:`tessera.testing.shapes`).
 Output ``-o md|json|jsonl|csv`` with llama-bench's field names (avg_ts, stddev_ts, ...).
@@ -200,28 +202,28 @@ def _expert_cache(model: Any) -> Any:
 
 
 def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
-    """Every instance and test on ``model``, repetitions interleaved across instances."""
+    """Every test on every instance of ``model``; each test's rows as soon as it is done."""
     sizes = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
     n_ctx = max([p + n for p, n in sizes] + [16])
     rng = np.random.default_rng(args.seed)
-    runs = []
+    contexts = []
     for inst in instances(args):
         ctx = _context(model, inst, n_ctx)
-        tests = [
-            Test(inst, p, n, kv_path=ctx.kv_path, prune_reason=ctx.prune_reason) for p, n in sizes
-        ]
-        if not args.no_warmup and tests:
+        if not args.no_warmup and sizes:
             run_test(ctx, Test(inst, min(n_ctx - 1, 32), 1), rng)
-        runs.append((inst, ctx, tests))
-    for rep in range(max(args.repetitions, 1)):
-        # Alternate the order per repetition: a drift in machine load hits every instance.
-        for inst, ctx, tests in runs if rep % 2 == 0 else runs[::-1]:
-            if inst.n_threads > 0:
-                model.backend.set_threads(inst.n_threads)
-            for test in tests:
+        contexts.append((inst, ctx))
+    for n_prompt, n_gen in sizes:
+        runs = [
+            (Test(inst, n_prompt, n_gen, kv_path=ctx.kv_path, prune_reason=ctx.prune_reason), ctx)
+            for inst, ctx in contexts
+        ]
+        for rep in range(max(args.repetitions, 1)):
+            # Alternate the order per repetition: a drift in machine load hits every instance.
+            for test, ctx in runs if rep % 2 == 0 else runs[::-1]:
+                if test.instance.n_threads > 0:
+                    model.backend.set_threads(test.instance.n_threads)
                 test.samples_ns.append(run_test(ctx, test, rng))
-    for _inst, _ctx, tests in runs:
-        for test in tests:
+        for test, _ctx in runs:
             printer.row(test_record(model, test))
 
 
@@ -239,12 +241,12 @@ def _models(args: argparse.Namespace, runtime: Any) -> Any:
     if args.shape:
         for name in args.shape:
             yield random_model(runtime, name, args.backend, args.shape_vocab,
-                               device=args.device, dtype=args.dtype)  # fmt: skip
+                               device=args.device, dtype=args.dtype, progress=True)  # fmt: skip
             gc.collect()
         return
     from tessera.files.load import default_model_path
 
-    yield load_model(args.model or default_model_path(), runtime, args.backend,
+    yield load_model(args.model or default_model_path(), runtime, args.backend, progress=True,
                      device=args.device, dtype=args.dtype, moe=moe)  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +97,7 @@ def convert_hf_to_gguf(
     runtime: Any,
     outtype: str = "f16",
     name: str | None = None,
+    progress: bool = False,
 ) -> Path:
     """Convert ``hf_dir`` to the GGUF file ``outfile``; return its path.
 
@@ -119,7 +120,12 @@ def convert_hf_to_gguf(
     _check_shapes(arch.tensor_shapes(config), tensors, arch_metadata["general.architecture"])
     shapes = {n: tuple(np.shape(v)) for n, v in tensors.items()}
     types = storage_types(shapes, qtype_name, runtime.quant_type_by_name)
-    raw = [encode_tensor(n, v, types[n]) for n, v in tensors.items()]
+    items: Iterable[tuple[str, Any]] = tensors.items()
+    if progress:
+        from tessera.progress_bar import progress as bar
+
+        items = bar(items, f"converting to {key}", total=len(tensors))
+    raw = [encode_tensor(n, v, types[n]) for n, v in items]
     # Key order as llama.cpp writes it: general, architecture, file type, vocab, quant version.
     metadata = {
         "general.architecture": arch_metadata["general.architecture"],
@@ -145,7 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
-    path = convert_hf_to_gguf(args.model, args.outfile, runtime, args.outtype, args.name)
+    path = convert_hf_to_gguf(
+        args.model, args.outfile, runtime, args.outtype, args.name, progress=True
+    )
     size_mib = path.stat().st_size / 2**20
     print(f"wrote {path} ({args.outtype.lower()}, {size_mib:.1f} MiB)")
     return 0

@@ -100,9 +100,9 @@ def quantize_model(
         )
     items = list(gguf.tensors.items())
     if progress:
-        from tqdm import tqdm
+        from tessera.progress_bar import progress as bar
 
-        items = tqdm(items, desc=f"quantizing to {ftype.name}", unit="tensor")
+        items = bar(items, f"quantizing to {ftype.name}", total=len(gguf.tensors))
     tensors = []
     for name, raw in items:
         source_type = runtime.quant_type(raw.ggml_type, name)

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from tessera.contract.routes import ApiError, ServerRoute
 from tessera.plugins.server.state import ServerState
 
+from .access_log import AccessLog
 from .cors import Cors
 
 log = logging.getLogger("tessera.server")
@@ -146,8 +147,9 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any = None) -> Any:
-    """A Starlette app serving ``routes`` over ``state``, wrapped in the body limit and
-    CORS (outermost, so that refusals carry its headers too)."""
+    """A Starlette app serving ``routes`` over ``state``, wrapped in the body limit, CORS
+    (so that refusals carry its headers too) and, outermost, the access log (so that every
+    answer, refusals included, has its line)."""
     unique = {id(r): r for r in routes}.values()
     app = Starlette(
         routes=[
@@ -163,4 +165,5 @@ def build_app(state: ServerState, routes: Iterable[ServerRoute], lifespan: Any =
     )
     app.state.tessera = state
     app.state.routes = list(unique)  # for /openapi.json
-    return Cors(BodyLimit(app, state.settings.max_body_bytes), state.settings)
+    wrapped = Cors(BodyLimit(app, state.settings.max_body_bytes), state.settings)
+    return AccessLog(wrapped, state.settings.log_format)

@@ -17,6 +17,7 @@ from tessera.contract.routes import ApiError
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.server.state import ServedModel, ServerState
 
+from .access_log import count_tokens
 from .api_fields import EMBEDDINGS, RERANK
 from .fields import Fields, read_json, token_ids
 
@@ -79,6 +80,7 @@ async def embeddings(request: Request) -> Any:
             emb = base64.b64encode(v.astype("<f4").tobytes()).decode()
         data.append({"object": "embedding", "index": i, "embedding": emb})
     n_tokens = sum(len(t) for t in inputs)
+    count_tokens(n_tokens)
     return JSONResponse(
         {
             "object": "list",
@@ -113,6 +115,7 @@ async def rerank(request: Request) -> Any:
         n_tokens = sum(len(embedder.pair_tokens(query, d)[0]) for d in documents)
     except TesseraError as exc:
         raise ApiError(400, str(exc)) from None
+    count_tokens(n_tokens)
     order = sorted(range(len(documents)), key=lambda i: -float(scores[i]))[:top_n]
     if tei:
         results = [{"index": i, "score": float(scores[i])} for i in order]

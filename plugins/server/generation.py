@@ -18,6 +18,8 @@ from tessera.plugins.chat import StopStringMatcher
 from tessera.plugins.server.state import ServedModel
 from tessera.text.stream import StreamDecoder
 
+from .access_log import count_tokens
+
 #: engine finish reasons as OpenAI spells them ("cancelled" only happens on a stop string
 #: here: a disconnected client gets no answer at all)
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "error"}
@@ -77,6 +79,7 @@ class ChoiceRun:
             event = await self._events.get()
             if isinstance(event, FinishEvent):
                 self.finish = event
+                count_tokens(event.n_prompt, event.n_generated)
                 if not stopped:
                     self.finish_reason = _FINISH[event.reason]
                     tail = self._stops.feed(self._decoder.flush()).text + self._stops.flush()

@@ -20,6 +20,7 @@ from tessera.contract.routes import ApiError
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState
 
+from .access_log import count_tokens
 from .api_fields import NATIVE_EMBEDDING
 from .embeddings import embedder_of
 from .fields import Fields, read_json
@@ -67,6 +68,7 @@ async def native_embedding(request: Request) -> Any:
         vectors = await asyncio.to_thread(_vectors, embedder, inputs, normalize)
     except TesseraError as exc:
         raise ApiError(400, str(exc)) from None
+    count_tokens(sum(len(t) for t in inputs))
     return JSONResponse(
         [{"index": i, "embedding": v.astype("<f4").tolist()} for i, v in enumerate(vectors)]
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.cli.args import context_from_args, load_model_from_args
+from tessera.cli.model_summary import model_summary
 from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
@@ -88,6 +89,7 @@ def load_served(
     if model.tokenizer is None:
         raise TesseraError(f"'{model.path}' has no tokenizer; serve a model with a vocabulary")
     ctx = context_from_args(args, model)
+    print(model_summary(model, ctx), file=sys.stderr, flush=True)
     engine = SlotEngine(
         ctx,
         eog_ids=model.tokenizer.eog_ids,

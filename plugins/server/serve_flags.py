@@ -14,6 +14,8 @@ from tessera.cli.args import add_model_arguments
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerSettings
 
+from .access_log import LOG_FORMATS
+
 DEFAULT_PORT = 9931  # llama.cpp 0.7.0's default
 
 
@@ -104,6 +106,13 @@ def _add_endpoint_arguments(g: argparse._ArgumentGroup) -> None:
         "--spm-infill", action="store_true", help="/infill: suffix before prefix (SPM order)"
     )
     g.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default="text",
+        help="access log, one line per request on stderr: method, path, status, duration, "
+        "tokens (default text; off: none)",
+    )
+    g.add_argument(
         "--cors-origins",
         default="*",
         help="origins allowed to call from a browser: * (default: any, the Origin echoed), "
@@ -158,6 +167,7 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         cors_headers=args.cors_headers,
         cors_credentials=args.cors_credentials,
         spm_infill=args.spm_infill,
+        log_format=args.log_format,
     )
     if settings.slot_save_path is not None:
         settings.slot_save_path.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,8 @@ class ServerSettings:
     cors_credentials: bool = True
     #: /infill lays the suffix before the prefix (llama.cpp's --spm-infill).
     spm_infill: bool = False
+    #: The access log's format: one line per request on stderr, "text", "json" or "off".
+    log_format: str = "text"
 
     @property
     def api_keys(self) -> tuple[str, ...]:

@@ -46,10 +46,12 @@ def live_server(
     """Start ``tessera serve ARGV --host HOST --port 0`` in this process; stop it on exit.
 
     The server runs exactly the code of the CLI command (same flags, same app) on a port
-    the OS picks, bound to ``host`` (loopback; comma-separated for several addresses).
+    the OS picks, bound to ``host`` (loopback; comma-separated for several addresses). Its
+    access log is off unless ``argv`` has a ``--log-format``.
     """
     runtime = runtime or Runtime()
-    args = build_parser(runtime).parse_args(["serve", *argv, "--host", host, "--port", "0"])
+    flags = ["serve", "--log-format", "off", *argv, "--host", host, "--port", "0"]
+    args = build_parser(runtime).parse_args(flags)
     from tessera.plugins.server import serve
 
     socks = serve.bind(args.host, args.port)

@@ -10,10 +10,12 @@ import pytest
 from tessera.backends.numpy import NumpyBackend
 from tessera.contract.backend import BackendInfo
 from tessera.errors import UnknownBackendError
+from tessera.files.gguf import read_gguf
 from tessera.files.load import load_model
 from tessera.hookspecs import hookimpl
 from tessera.plugin_manager import Runtime
 from tessera.testing import make_gguf
+from tessera.testing.terminal import stderr_on_a_terminal
 
 
 class NoNormalRopeBackend(NumpyBackend):
@@ -66,3 +68,18 @@ def test_loaded_model_has_weights_tokenizer_and_placements(files):
     assert model.tokenizer is not None and model.n_vocab == model.tokenizer.n_vocab
     assert np.asarray(model.weights["blk.0.attn_q.bias"]).shape == (model.config.n_embd,)
     assert {what for what, _, _ in model.backend.placements} == set(model.weights)
+
+
+def test_the_model_records_each_tensors_stored_type(files):
+    rt = Runtime()
+    model = load_model(files["llama"], rt, "numpy")
+    stored = read_gguf(files["llama"]).tensors
+    assert model.tensor_types == {n: rt.quant_type(t.ggml_type, n).name for n, t in stored.items()}
+
+
+def test_loading_draws_a_bar_on_a_terminal_and_nothing_elsewhere(files, capsys):
+    with stderr_on_a_terminal() as term:
+        load_model(files["llama"], Runtime(), "numpy", progress=True)
+    assert "loading llama.gguf" in term.text and "tensor" in term.text
+    load_model(files["llama"], Runtime(), "numpy", progress=True)
+    assert capsys.readouterr().err == ""

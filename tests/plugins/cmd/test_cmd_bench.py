@@ -16,9 +16,11 @@ from tessera.contract.experts import MoEOptions
 from tessera.errors import TesseraError
 from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd import bench
 from tessera.testing import shapes
 from tessera.testing.commands import registered_command
 from tessera.testing.models import make_gguf
+from tessera.testing.terminal import stderr_on_a_terminal
 
 RUNTIME = Runtime()
 
@@ -46,7 +48,7 @@ def test_pp_and_tg_with_pruning_on_and_off_in_one_run(gemma4_gguf, capsys):
                "--prune", "on,off", "-o", "json")  # fmt: skip
     records = json.loads(out)
     assert [(r["prune"], r["test"]) for r in records] == [
-        ("on", "pp12"), ("on", "tg3"), ("off", "pp12"), ("off", "tg3"),
+        ("on", "pp12"), ("off", "pp12"), ("on", "tg3"), ("off", "tg3"),
     ]  # fmt: skip
     for r in records:
         assert len(r["samples_ns"]) == len(r["samples_ts"]) == 3
@@ -58,7 +60,7 @@ def test_pp_and_tg_with_pruning_on_and_off_in_one_run(gemma4_gguf, capsys):
         assert r["model_n_params"] > 0 and r["backends"] == "numpy"
     # only a prompt with pruning allowed is pruned; one-token decodes never are
     assert [r["pruned"] for r in records] == [True, False, False, False]
-    assert records[2]["prune_reason"] == "--no-prune"
+    assert records[1]["prune_reason"] == "--no-prune"
 
 
 def test_zero_skips_a_test_kind(gemma4_gguf, capsys):
@@ -75,12 +77,36 @@ def test_md_jsonl_and_csv_outputs(gemma4_gguf, capsys):
     md = _run(capsys, *base).splitlines()
     assert md[0].startswith("| model ") and "| t/s |" in md[0]
     assert len(md) == 2 + 4 and all(" ± " in line for line in md[2:])
-    assert [line.split("|")[6].strip() for line in md[2:]] == ["4", "4", "512", "512"]
+    assert [line.split("|")[6].strip() for line in md[2:]] == ["4", "512", "4", "512"]
     lines = _run(capsys, *base, "-o", "jsonl").splitlines()
-    assert [json.loads(line)["n_ubatch"] for line in lines] == [4, 4, 512, 512]
+    assert [json.loads(line)["n_ubatch"] for line in lines] == [4, 512, 4, 512]
     rows = list(csv.DictReader(io.StringIO(_run(capsys, *base, "-o", "csv"))))
-    assert [r["test"] for r in rows] == ["pp6", "tg2", "pp6", "tg2"]
+    assert [r["test"] for r in rows] == ["pp6", "pp6", "tg2", "tg2"]
     assert {"avg_ts", "stddev_ts", "n_prompt", "n_gen", "samples_ns"} <= set(rows[0])
+
+
+def test_each_tests_rows_are_printed_as_soon_as_it_is_measured(gemma4_gguf, capsys, monkeypatch):
+    timed = []  # the tests run so far, in order
+    printed = []  # (test, instance's n_ubatch, how many runs were done when it was printed)
+    real_run_test = bench.run_test
+
+    def counting_run_test(ctx, test, rng):
+        timed.append(test.name)
+        return real_run_test(ctx, test, rng)
+
+    class SpyPrinter(bench.Printer):
+        def row(self, record):
+            printed.append((record["test"], record["n_ubatch"], len(timed)))
+            super().row(record)
+
+    monkeypatch.setattr(bench, "run_test", counting_run_test)
+    monkeypatch.setattr(bench, "Printer", SpyPrinter)
+    out = _run(capsys, "-m", str(gemma4_gguf), "-p", "6", "-n", "2", "-r", "3", "-ub", "4,512",
+               "--no-warmup")  # fmt: skip
+    # pp6's two rows come after its 2 x 3 runs, before any tg2 run; tg2's at the end
+    assert printed == [("pp6", 4, 6), ("pp6", 512, 6), ("tg2", 4, 12), ("tg2", 512, 12)]
+    assert timed == ["pp6"] * 6 + ["tg2"] * 6
+    assert len(out.splitlines()) == 2 + 4
 
 
 def test_shape_models_are_built_in_memory(capsys, monkeypatch):
@@ -90,6 +116,23 @@ def test_shape_models_are_built_in_memory(capsys, monkeypatch):
                               "-p", "9", "-n", "0", "-r", "1", "-o", "json"))  # fmt: skip
     assert records[0]["model_type"] == "gemma4 random tiny-gemma4"
     assert records[0]["pruned"] is True
+
+
+def test_building_a_shape_model_draws_a_bar_on_a_terminal_only(capsys, monkeypatch):
+    tiny = ("llama", {"n_layer": 2, "n_embd": 32, "n_head": 2, "n_head_kv": 1, "n_ff": 64})
+    monkeypatch.setitem(shapes.SHAPES, "tiny-llama", tiny)
+    arch, config = shapes.shape_config(RUNTIME, "tiny-llama", 300)
+    argv = ["--shape", "tiny-llama", "--shape-vocab", "300", "-p", "4", "-n", "0", "-r", "1"]
+    with stderr_on_a_terminal() as term:
+        out = _run(capsys, *argv, "-o", "jsonl")
+    n_tensors = len(arch.tensor_shapes(config))
+    assert "building random tiny-llama" in term.text and f"/{n_tensors}" in term.text
+    assert json.loads(out)["test"] == "pp4"  # the table still goes to stdout
+    command = registered_command("tessera.plugins.cmd.bench", "bench")
+    parser = argparse.ArgumentParser(prog="tessera bench")
+    command.add_arguments(parser)
+    assert command.run(parser.parse_args(["--backend", "numpy", *argv]), RUNTIME) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_named_shapes_have_the_real_layer_counts():

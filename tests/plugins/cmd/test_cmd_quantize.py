@@ -22,6 +22,7 @@ from tessera.plugin_manager import Runtime
 from tessera.plugins.cmd.quantize import quantize_model
 from tessera.plugins.cmd.quantize_types import FILE_TYPES, file_type
 from tessera.testing import make_gguf
+from tessera.testing.terminal import stderr_on_a_terminal
 
 RUNTIME = Runtime()
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -257,3 +258,14 @@ def test_an_output_folder_that_does_not_exist_is_refused_not_created(tmp_path, m
     assert not (tmp_path / "missing").exists()
     with pytest.raises(TesseraError, match="is a folder"):
         quantize_model(model_f32, tmp_path, "q8_0", RUNTIME)
+
+
+def test_progress_is_drawn_on_a_terminal_and_never_into_a_pipe(tmp_path, model_f32, capsys):
+    out = tmp_path / "q8.gguf"
+    with stderr_on_a_terminal() as term:
+        assert main(["quantize", str(model_f32), str(out), "Q8_0"]) == 0
+    n_tensors = len(read_gguf(model_f32).tensors)
+    assert "quantizing to Q8_0" in term.text and f"/{n_tensors}" in term.text
+    assert main(["quantize", str(model_f32), str(tmp_path / "again.gguf"), "Q8_0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "quantizing to" not in captured.out

@@ -23,6 +23,7 @@ from tessera.files.hf import read_safetensors_dir
 from tessera.plugin_manager import Runtime
 from tessera.plugins.cmd.convert import OUTTYPES, convert_hf_to_gguf
 from tessera.testing.models import CHATML_TEMPLATE, make_hf_dir
+from tessera.testing.terminal import stderr_on_a_terminal
 
 GGUF_ARCH = {
     "llama": gguf.MODEL_ARCH.LLAMA,
@@ -202,3 +203,13 @@ def test_cli_convert_writes_a_loadable_file(tmp_path, hf_dirs, capsys):
     read = read_gguf(out)
     assert read.metadata["general.file_type"] == LlamaFileType.MOSTLY_Q8_0
     assert "output.weight" not in read.tensors  # tied embeddings, as llama.cpp writes them
+
+
+def test_progress_is_drawn_on_a_terminal_and_never_into_a_pipe(tmp_path, hf_dirs, capsys):
+    with stderr_on_a_terminal() as term:
+        assert main(["convert", str(hf_dirs["llama"]), str(tmp_path / "a.gguf")]) == 0
+    n_tensors = len(read_gguf(tmp_path / "a.gguf").tensors)
+    assert "converting to f16" in term.text and f"/{n_tensors}" in term.text
+    assert main(["convert", str(hf_dirs["llama"]), str(tmp_path / "b.gguf")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "converting to" not in captured.out
