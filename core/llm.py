@@ -210,7 +210,7 @@ class LLM:
     ) -> Iterator[str]:
         """Check what can be checked now, then the text pieces (stop strings applied)."""
         seq = self._sequence()
-        check_prompt(seq.ctx, tokens)  # refused before a stream is handed back
+        check_prompt(seq.ctx, tokens)  # refused before a stream is handed back, or one closed
         stops = StopStringMatcher([stop] if isinstance(stop, str) else list(stop or ()))
         totals.n_prompt = len(tokens)
         n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else -1

@@ -56,9 +56,20 @@ class CachedSequence:
         stats: GenerationStats | None = None,
     ) -> Iterator[int]:
         """:func:`tessera.engine.generate.generate` after the cached prefix of ``prompt``;
-        ``stats.n_prompt`` counts only the tokens evaluated. Close the iterator (or let it
-        finish) to bring the record up to date."""
-        check_prompt(self.ctx, prompt)  # before the cache is cut: a refusal leaves it whole
+        ``stats.n_prompt`` counts only the tokens evaluated. A prompt the context cannot
+        take is refused here, at the call, with the cache untouched. Close the iterator (or
+        let it finish) to bring the record up to date."""
+        check_prompt(self.ctx, prompt)
+        return self._generate(list(prompt), n_predict, sampler, eog_ids, stats)
+
+    def _generate(
+        self,
+        prompt: list[int],
+        n_predict: int,
+        sampler: Sampler,
+        eog_ids: frozenset[int],
+        stats: GenerationStats | None,
+    ) -> Iterator[int]:
         n_past = self.reusable(prompt)
         history = list(prompt)
         try:

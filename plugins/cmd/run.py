@@ -19,6 +19,7 @@ from tessera.cli.args import (
 from tessera.contract.commands import Command
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
+from tessera.plugins.cmd.chat import add_conversation_arguments, run_chat
 from tessera.plugins.spec.cli import (
     add_spec_arguments,
     default_target,
@@ -34,7 +35,15 @@ TESSERA_PLUGIN_API = 2
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--prompt", default=None, help="prompt text")
-    parser.add_argument("-f", "--file", default=None, help="read the prompt from a file")
+    parser.add_argument(
+        "-f", "--file", default=None, help="read the prompt from a file (- for stdin)"
+    )
+    parser.add_argument(
+        "-cnv",
+        "--conversation",
+        action="store_true",
+        help="chat interactively, as tessera chat; -p or -sys is the system message",
+    )
     parser.add_argument(
         "-n",
         "--n-predict",
@@ -62,13 +71,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompt-cache-ro", action="store_true", help="use --prompt-cache but never write it"
     )
+    add_conversation_arguments(parser)
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     add_tp_arguments(parser)
     add_spec_arguments(parser)
 
 
+def _piped_stdin() -> bool:
+    """Whether stdin is a pipe or file to read (not a terminal, not absent or closed)."""
+    stdin = sys.stdin
+    return stdin is not None and not stdin.isatty() and stdin.readable()
+
+
 def _prompt_text(args: argparse.Namespace) -> str:
+    """The prompt: -f FILE, -f - or a pipe on stdin when no -p is given, else -p. Standard
+    input is read once; the text is kept in ``args.prompt`` for a second call."""
+    if args.file == "-" or (args.file is None and args.prompt is None and _piped_stdin()):
+        args.prompt, args.file = sys.stdin.read(), None
+        if not args.prompt:
+            raise TesseraError("standard input was empty; pipe a prompt or pass -p TEXT")
     if args.file:
         try:
             with open(args.file, encoding="utf-8") as f:
@@ -76,8 +98,20 @@ def _prompt_text(args: argparse.Namespace) -> str:
         except OSError as exc:
             raise TesseraError(f"cannot read prompt file '{args.file}' ({exc.strerror})") from exc
     if args.prompt is None:
-        raise TesseraError("no prompt given; pass -p TEXT or -f FILE")
+        raise TesseraError("no prompt given; pass -p TEXT, -f FILE (- for stdin) or pipe it in")
     return args.prompt
+
+
+def _run_conversation(args: argparse.Namespace, runtime: Any) -> int:
+    """``-cnv``: the chat loop; -p / -f give the system message, not a question."""
+    if tp_requested(args) or spec_type_from_args(args) is not None or args.prompt_cache:
+        raise TesseraError(
+            "-cnv runs without --tp, --spec-type and --prompt-cache; drop those flags to chat"
+        )
+    system = args.system_prompt
+    if args.prompt is not None or (args.file not in (None, "-")):
+        system = _prompt_text(args)
+    return run_chat(args, runtime, system)
 
 
 def _restore_prompt_cache(path: str | None, ctx: Any, prompt: list[int]) -> int:
@@ -102,6 +136,8 @@ def _restore_prompt_cache(path: str | None, ctx: Any, prompt: list[int]) -> int:
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
+    if args.conversation:
+        return _run_conversation(args, runtime)
     if not tp_requested(args):
         return _run(args, runtime, None)
     from tessera.plugins.tensor_parallel.launch import start
@@ -122,9 +158,10 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
 
 def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
+    from tessera.cli.model_summary import model_summary
     from tessera.engine.generate import GenerationStats, generate
     from tessera.engine.sampling import Sampler
-    from tessera.text.chat_template import DEFAULT_CHATML, ChatTemplate
+    from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
     from tessera.text.stream import StreamDecoder
 
     text = _prompt_text(args)
@@ -141,16 +178,15 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
         ctx = session.make_context(context_params_from_args(args, model))
     else:
         ctx = context_from_args(args, model)
-    parse_special = False
+    print(model_summary(model, ctx), file=sys.stderr, flush=True)
     if args.chat:
         messages = [{"role": "user", "content": text}]
         if args.system_prompt:
             messages.insert(0, {"role": "system", "content": args.system_prompt})
-        bos = tok.token_to_piece(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_to_piece(tok.eos_id) if tok.eos_id is not None else ""
-        template = ChatTemplate(tok.chat_template or DEFAULT_CHATML, bos, eos)
-        text, parse_special = template.render(messages, add_generation_prompt=True), True
-    prompt = tok.encode(text, add_special=True, parse_special=parse_special)
+        text = model_chat_template(tok).render(messages, add_generation_prompt=True)
+        prompt = encode_chat_prompt(tok, text)
+    else:
+        prompt = tok.encode(text, add_special=True, parse_special=False)
     if args.display_prompt:
         sys.stdout.write(text)
     n_past = _restore_prompt_cache(args.prompt_cache, ctx, prompt)

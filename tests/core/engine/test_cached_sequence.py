@@ -110,7 +110,7 @@ def test_a_refused_prompt_leaves_the_cache_and_the_record(model):
     list(seq.generate(PROMPT, 2, Sampler(GREEDY)))
     before = list(seq.tokens)
     with pytest.raises(ContextOverflowError):
-        list(seq.generate(list(range(1, 20)), 2, Sampler(GREEDY)))
+        seq.generate(list(range(1, 20)), 2, Sampler(GREEDY))  # refused at the call
     assert seq.tokens == before and _cached_length(seq) == len(before)
 
 

@@ -1,0 +1,113 @@
+"""``tessera chat`` (and ``tessera run -cnv``): an interactive chat in the terminal, like
+llama-cli's conversation mode.
+
+The flags are ``run``'s model, context and sampling flags, ``-n`` per answer (default -1:
+until the model ends its turn or the context is full), ``-sys`` for the system message,
+``--ignore-eos`` and ``--load FILE`` to start from a saved conversation. On a terminal the
+line is edited with readline (history with the arrow keys); from a pipe, each line is a
+question and no prompt is drawn. See :mod:`tessera.plugins.cmd.chat_repl` for the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tessera.cli.args import (
+    add_model_arguments,
+    add_sampling_arguments,
+    context_from_args,
+    int_at_least,
+    load_model_from_args,
+    sampler_params_from_args,
+)
+from tessera.contract.commands import Command
+from tessera.errors import TesseraError
+from tessera.hookspecs import hookimpl
+
+TESSERA_PLUGIN_API = 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-n",
+        "--n-predict",
+        type=int_at_least(-2, "-1 = until the turn ends"),
+        default=-1,
+        help="most tokens per answer (-1 = until the model ends its turn or the context is full)",
+    )
+    parser.add_argument("-sys", "--system-prompt", default=None, help="system message")
+    add_conversation_arguments(parser)
+    add_model_arguments(parser)
+    add_sampling_arguments(parser)
+
+
+def add_conversation_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of conversation mode beyond ``run``'s (``tessera run -cnv`` takes them too)."""
+    parser.add_argument(
+        "--ignore-eos", action="store_true", help="keep generating past end-of-turn tokens"
+    )
+    parser.add_argument(
+        "--load", default=None, metavar="FILE", help="start from a conversation /save wrote"
+    )
+
+
+def _line_reader(interactive: bool) -> Any:
+    """``input``; on a terminal with readline loaded, so the line can be edited."""
+    if interactive:
+        try:
+            import readline  # noqa: F401  (importing it gives input() line editing)
+        except ImportError:  # Windows without pyreadline: plain input
+            pass
+    return input
+
+
+def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) -> int:
+    """Load the model and run the chat loop; ``system`` (else ``-sys``) is the system message."""
+    from tessera.cli.model_summary import model_summary
+    from tessera.engine.sampling import Sampler
+    from tessera.plugins.cmd.chat_conversation import Conversation
+    from tessera.plugins.cmd.chat_repl import ChatRepl
+
+    sampler = Sampler(sampler_params_from_args(args))
+    conversation = Conversation.load(args.load) if getattr(args, "load", None) else Conversation()
+    if system or args.system_prompt:
+        conversation.system = system or args.system_prompt
+    model = load_model_from_args(args, runtime)
+    if model.tokenizer is None:
+        raise TesseraError(f"'{model.path}' has no tokenizer; chat with a model that has one")
+    ctx = context_from_args(args, model)
+    print(model_summary(model, ctx), file=sys.stderr, flush=True)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if interactive:
+        print(
+            "chat: /help lists the commands; Ctrl-C stops an answer, Ctrl-D or /exit leaves",
+            file=sys.stderr,
+            flush=True,
+        )
+    repl = ChatRepl(
+        ctx,
+        sampler,
+        args.n_predict,
+        conversation,
+        ignore_eos=getattr(args, "ignore_eos", False),
+        read_line=_line_reader(interactive),
+        prompt="> " if interactive else "",
+        out=sys.stdout,
+        err=sys.stderr,
+    )
+    return repl.run()
+
+
+def run(args: argparse.Namespace, runtime: Any) -> int:
+    return run_chat(args, runtime)
+
+
+@hookimpl
+def tessera_register_commands(register):
+    register(
+        Command(
+            "chat", "chat with a model in the terminal (like llama-cli -cnv)", add_arguments, run
+        )
+    )
