@@ -22,7 +22,6 @@ export async function fillPicker() {
   picker.dataset.key = key;
   picker.replaceChildren(...names.map(([value, label]) => new Option(label, value)));
   if (names.some(([value]) => value === current)) picker.value = current;
-  picker.dispatchEvent(new Event("tessera:filled"));
 }
 
 // Show a conversation's model when the server still has it; true if it does.

@@ -78,6 +78,16 @@ def test_markdown_becomes_highlighted_html(driver, answer_server):
     assert content.find_elements("css selector", "math")  # $...$ typeset as MathML
     assert "$5 and $10" in content.text  # prices are not math
     assert "**" not in content.text and "```" not in content.text and "- first" not in content.text
+    # Copy gives the answer's markdown, not its HTML
+    perms = ["clipboardReadWrite", "clipboardSanitizedWrite"]
+    driver.execute_cdp_cmd("Browser.grantPermissions", {"permissions": perms})
+    answer.find_element("css selector", 'button[data-action="copy"]').click()
+    wait(driver, lambda d: answer.find_element("css selector", 'button[data-action="copy"]').text
+         == "Copied", what="copied")  # fmt: skip
+    copied = driver.execute_async_script(
+        "navigator.clipboard.readText().then(arguments[0], (e) => arguments[0]('error ' + e))"
+    )
+    assert copied == MARKDOWN
 
 
 def test_html_in_an_answer_is_sanitized(driver, answer_server):
