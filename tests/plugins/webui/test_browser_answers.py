@@ -116,7 +116,7 @@ def test_html_in_an_answer_is_sanitized(driver, answer_server):
 def test_reasoning_streams_into_its_block_and_the_speed_is_shown(driver, answer_server):
     fresh_page(driver, answer_server.url)
     with scripted_answer(answer_server, THINKING) as engine:
-        engine.delay_s = 0.03  # slow enough to see the reasoning arrive first
+        engine.delay_s = 0.05  # slow enough to see the reasoning arrive first
         send(driver, "How many words are in 'one two three four'?")
         thinking = wait(driver, lambda d: css(d, ".msg.assistant .thinking"), what="thinking")[0]
         assert thinking.get_attribute("open") == "true"  # open while it thinks
