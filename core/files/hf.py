@@ -30,7 +30,28 @@ def read_hf_config(hf_dir: Path) -> dict[str, Any]:
     if pooling is not None:
         # for config_from_hf, which sees config.json only (as llama.cpp's converter reads it)
         hf_config["_st_pooling"] = pooling
+    # for config_from_hf too: GLM-4.5 checkpoints keep their MTP blocks after the main ones,
+    # transformers' save_pretrained drops them (num_nextn_predict_layers stays)
+    hf_config["_checkpoint_layers"] = checkpoint_layers(hf_dir)
     return hf_config
+
+
+def checkpoint_layers(hf_dir: Path) -> int:
+    """How many blocks (``model.layers.N.``) the folder's weights hold, read from the
+    safetensors headers (0 when there are none)."""
+    from safetensors import safe_open
+
+    found = -1
+    for file in sorted(hf_dir.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="np") as f:
+                names = list(f.keys())
+        except Exception as exc:  # safetensors raises its own error types for bad headers
+            raise ModelFileError(f"'{file}' is not a readable safetensors file ({exc})") from exc
+        for name in names:
+            if name.startswith("model.layers."):
+                found = max(found, int(name.split(".")[2]))
+    return found + 1
 
 
 #: sentence-transformers Pooling config flags -> llama.cpp pooling type names.

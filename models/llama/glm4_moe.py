@@ -91,10 +91,13 @@ class Glm4MoEArchitecture(MoEArchitecture):
         )
 
     def hf_fields(self, hf: Mapping[str, Any], fields: Mapping[str, Any]) -> dict[str, Any]:
+        n_nextn = int(hf.get("num_nextn_predict_layers") or 0)
+        if "_checkpoint_layers" in hf:  # only the MTP blocks the weights hold
+            n_nextn = min(n_nextn, max(0, hf["_checkpoint_layers"] - fields["n_layer"]))
         return {
             "n_rot": partial_rotary_dims(hf, fields["head_dim"]),
             "qk_norm": bool(hf.get("use_qk_norm", False)),
-            "n_nextn": int(hf.get("num_nextn_predict_layers") or 0),
+            "n_nextn": n_nextn,
         }
 
     def gguf_metadata(self, c: MoEConfig) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from llama_like import (
     tessera_answers,
 )
 
+from tessera.cli.main import main
 from tessera.contract.routing import ExpertRouting, route_experts
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
@@ -154,6 +155,14 @@ def test_the_gguf_chat_template_renders_as_transformers_renders_it(name):
         want = hf.apply_chat_template(convo, tokenize=False, add_generation_prompt=prompt)
         assert ours.render(convo, add_generation_prompt=prompt) == want
         assert convo[1]["content"] in want
+
+
+def test_tessera_plugins_lists_the_architecture(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "arch-deepseek2 (tessera.models.deepseek2.arch;" in out
+    listed = out.split("architectures: ")[1].split("\n")[0].split(", ")
+    assert {"deepseek2"} <= set(listed)
 
 
 test_deepseek2_conformance = architecture_conformance("deepseek2", runtime=RUNTIME)

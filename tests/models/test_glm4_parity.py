@@ -14,6 +14,8 @@ its greedy continuation through the KV cache.
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from llama_like import (
@@ -27,11 +29,14 @@ from llama_like import (
     prompt_of,
     tessera_answers,
 )
+from safetensors.numpy import load_file, save_file
 
+from tessera.cli.main import main
 from tessera.contract.routing import ExpertRouting, route_experts
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.files.gguf import read_gguf
+from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.arch import relative_error
 from tessera.testing.pytest_plugin import architecture_conformance
 
@@ -97,12 +102,39 @@ def test_the_router_bias_and_the_groups_change_which_experts_run():
     assert not np.array_equal(np.sort(chosen), np.sort(ungrouped))
 
 
+def test_a_folder_saved_without_its_mtp_block_loads_without_it(tmp_path):
+    """transformers' save_pretrained drops the MTP blocks but keeps
+    num_nextn_predict_layers: the model loads (and converts) without them."""
+    f = FIXTURES["glm4moe"]
+    folder = shutil.copytree(f.hf_dir, tmp_path / "hf")
+    weights = load_file(folder / "model.safetensors")
+    main = {k: v for k, v in weights.items() if not k.startswith("model.layers.2.")}
+    save_file(main, folder / "model.safetensors", metadata={"format": "pt"})
+    trunk, full = load(folder, "numpy"), load(f.hf_dir, "numpy")
+    assert (trunk.config.n_nextn, full.config.n_nextn) == (0, 1)
+    batch = Batch.for_sequence(prompt_of(), logits="all")
+    logits = [Context(m, ContextParams(n_ctx=32)).decode(batch) for m in (trunk, full)]
+    np.testing.assert_array_equal(logits[0], logits[1])
+    converted = read_gguf(convert_hf_to_gguf(folder, tmp_path / "t.gguf", RUNTIME, "f32"))
+    assert converted.metadata["glm4moe.block_count"] == 2
+    assert "glm4moe.nextn_predict_layers" not in converted.metadata
+
+
 def test_the_mtp_block_is_stored_as_llama_cpp_stores_it():
     g = read_gguf(FIXTURES["glm4moe"].gguf)
     assert g.metadata["glm4moe.block_count"] == 3 and g.metadata["glm4moe.nextn_predict_layers"]
     for name in ("eh_proj", "enorm", "hnorm", "shared_head_norm"):
         assert f"blk.2.nextn.{name}.weight" in g.tensors
     assert g.tensors["blk.2.ffn_gate_exps.weight"].shape == (6, 32, 64)  # an MoE block
+
+
+def test_tessera_plugins_lists_the_architecture(capsys):
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "arch-glm4 (tessera.models.llama.glm4;" in out
+    assert "arch-glm4moe (tessera.models.llama.glm4_moe;" in out
+    listed = out.split("architectures: ")[1].split("\n")[0].split(", ")
+    assert {"glm4", "glm4moe"} <= set(listed)
 
 
 test_glm4_conformance = architecture_conformance("glm4", runtime=RUNTIME)
