@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backends.native.attention_kv import KVAttention
+from tessera.backends.native.dense_gemv import DENSE_TYPES, DenseGemv
 from tessera.backends.native.typed_gemv import GGML_TYPES, TypedGemv
 from tessera.switches import Choice
 
@@ -37,12 +39,12 @@ AMX_MIN_ROWS = 16
 #: Block bytes per 32 weights of the types native_gemv.c reads.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
 #: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes.
-BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, **GGML_TYPES}
+BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, **GGML_TYPES, **DENSE_TYPES}
 #: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
 MAX_WEIGHTS = 8
 
 
-class NativeGemv(TypedGemv):
+class NativeGemv(TypedGemv, DenseGemv, KVAttention):
     """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
 
     def __init__(self, lib: Any, path: Path) -> None:
@@ -69,6 +71,8 @@ class NativeGemv(TypedGemv):
         :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, ``w`` a contiguous uint8 CPU
         tensor of block bytes ``(n_out, row bytes)``, ``x`` a ``(T, n_in)`` CPU tensor in
         float32, bfloat16 or float16; the result has ``x``'s dtype."""
+        if kind in DENSE_TYPES:
+            return self.gemv_dense(kind, (w,), x)
         if kind not in self._kernels:
             return self.gemv_typed(kind, (w,), x)
         if not x.is_contiguous():
@@ -93,6 +97,8 @@ class NativeGemv(TypedGemv):
         same ``n_in``; at most :data:`MAX_WEIGHTS`), each plus its bias (a contiguous
         tensor of ``x``'s dtype, or None): ``(T, sum n_out)``, the outputs side by side.
         The activations are quantized once and one parallel region covers every row."""
+        if kind in DENSE_TYPES:
+            return self.gemv_dense(kind, ws, x, biases)
         if kind not in TYPE_SIZES:
             return self.gemv_typed(kind, ws, x, biases)
         if not x.is_contiguous():

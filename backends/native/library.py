@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tessera.backends.native.attention_kv import declare_attention_kv
+from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
 from tessera.switches import OFF, Switch, choose
 
@@ -29,7 +31,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name
     for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
-    + ("native_qdot_k.c", "native_qdequant.c")
+    + ("native_qdot_k.c", "native_qdequant.c", "native_dense_gemv.c", "native_attention.c")
 )
 HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h")
 NATIVE_AMX_DISABLE = Switch(
@@ -139,6 +141,9 @@ lib.tsr_dequant_quant.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
 for t in (3, 6, 7, 12, 13, 14, 20, 23, 35, 39):
     assert lib.tsr_gemv_quant(t, 1, ws, n_outs, None, 256, x, 1, y, 0, 2)
     assert lib.tsr_dequant_quant(t, w, 1, 256, x, 1, 2)
+lib.tsr_gemv_dense.argtypes = lib.tsr_gemv_quant.argtypes
+for t in (1, 30):
+    assert lib.tsr_gemv_dense(t, 1, ws, n_outs, None, 64, x, 3, y, 0, 2)
 """
 
 
@@ -200,6 +205,8 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_quant_row_bytes.restype = ctypes.c_int64
     lib.tsr_amx_scratch_bytes.argtypes = [ctypes.c_int64]
     lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
+    declare_dense(lib)
+    declare_attention_kv(lib)
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

@@ -433,53 +433,6 @@ void tsr_rope(const void *x, int64_t t, int64_t h, int64_t d, int64_t n_rot, con
 }
 
 
-/* e^x for x <= 0 (softmax of scores minus their max), float32: the exponent split off as
- * 2^round(x log2 e), e^r of the rest by a degree-7 polynomial (Cephes' expf coefficients),
- * relative error ~1e-7; below -87 the result is 0 (float32 would be denormal there). */
-static inline __m256 exp_nonpos(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
-                                                         _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
-
-/* Rows cells[0 .. n) of KV head g of a cache (cells, h_kv, d) of dtype into tile (8, dp) as
- * float32, zeros past d, for missing rows (n < 8) and for rows not read (cell < 0, or
- * ok[j] == 0 when ok is given). */
-static void load_tile(const void *cache, const int64_t *cells, int64_t n, const uint8_t *ok,
-                      int64_t h_kv, int64_t g, int64_t d, int64_t dp, int dtype, float *tile) {
-    for (int64_t jj = 0; jj < 8; jj++) {
-        float *row = tile + jj * dp;
-        const int read = jj < n && cells[jj] >= 0 && !(ok && !ok[jj]);
-        const int64_t base = read ? (cells[jj] * h_kv + g) * d : 0;
-        int64_t i = 0;
-        if (read)
-            for (; i + 8 <= d; i += 8) _mm256_storeu_ps(row + i, load8(cache, base + i, dtype));
-        for (; i < dp; i++) row[i] = read && i < d ? load1(cache, base + i, dtype) : 0.0f;
-    }
-}
-
-/* The sums of a[0] .. a[7] as one vector. */
-static inline __m256 hsum8x8(const __m256 a[8]) {
-    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
 /* Attention of each query over its own cache rows (the attention_rows op, for few queries).
  *
  * q (t, h, d); k_cache (cells, h_kv, d) and v_cache (cells, h_kv, dv), all of dtype; query
@@ -489,104 +442,21 @@ static inline __m256 hsum8x8(const __m256 a[8]) {
  * row). Scores and the softmax are float32; each output value is rounded once; a query
  * with no row gives zeros. out is (t, h * dv).
  *
- * One task per query and block of up to HB query heads sharing a KV head: each K and V
- * row is converted to float32 once for the whole block. */
-#define HB 8
+ * The work is done by tsr_attention_kv (native_attention.c: flash-decoding over tiles of
+ * rows, the caches in their storage types); here both caches are of dtype. */
+int tsr_attention_kv(const void *q, int64_t t, int64_t h, int64_t d, const void *k_cache,
+                     int k_type, const void *v_cache, int v_type, int64_t h_kv, int64_t dv,
+                     const int64_t *rows, int64_t s, int64_t r, const int64_t *q_rows,
+                     int64_t tq, const uint8_t *allowed, float scale, void *out, int dtype,
+                     int n_threads);
+
 void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const void *k_cache,
                         const void *v_cache, int64_t h_kv, int64_t dv, const int64_t *rows,
                         int64_t s, int64_t r, const int64_t *q_rows, int64_t tq,
                         const uint8_t *allowed, float scale, void *out, int dtype, int n_threads) {
-    const int64_t group = h / h_kv, blocks = (group + HB - 1) / HB;
-    const int64_t tasks = s * tq * h_kv * blocks;
-    (void)t;
-#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && tasks > 1 && tasks * r * d * HB >= 65536)
-    for (int64_t task = 0; task < tasks; task++) {
-        const int64_t sj = task / (h_kv * blocks), g = task / blocks % h_kv;
-        const int64_t h0 = g * group + task % blocks * HB;
-        const int64_t nh = g * group + group - h0 < HB ? g * group + group - h0 : HB;
-        const int64_t qr = q_rows[sj];
-        if (qr < 0) continue;
-        const int64_t *cells = rows + sj / tq * r;
-        const uint8_t *ok = allowed ? allowed + sj * r : NULL;
-        /* scores (nh, r); the query block (nh, dp) scaled and a tile of 8 K rows (8, dp)
-         * in float32, rows padded with zeros to dp, a multiple of 8 */
-        const int64_t dp = (d + 7) / 8 * 8, dvp = (dv + 7) / 8 * 8, wp = dp > dvp ? dp : dvp;
-        float *score = malloc(sizeof(float) * (size_t)(nh * r + nh * wp + 8 * wp + 8));
-        if (!score) {
-            for (int64_t i = 0; i < nh * dv; i++) store1(out, (qr * h + h0) * dv + i, NAN, dtype);
-            continue;
-        }
-        float *qf = score + nh * r, *tile = qf + nh * wp;
-        for (int64_t hh = 0; hh < nh; hh++)
-            for (int64_t i = 0; i < dp; i++)
-                qf[hh * dp + i] = i < d ? load1(q, (qr * h + h0 + hh) * d + i, dtype) * scale : 0.0f;
-        float m[HB], total[HB];
-        for (int64_t hh = 0; hh < HB; hh++) m[hh] = -INFINITY, total[hh] = 0.0f;
-        for (int64_t j0 = 0; j0 < r; j0 += 8) {
-            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
-            load_tile(k_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, d, dp, dtype, tile);
-            for (int64_t hh = 0; hh < nh; hh++) {
-                __m256 a[8];
-                for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_setzero_ps();
-                for (int64_t i = 0; i < dp; i += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qf + hh * dp + i);
-                    for (int jj = 0; jj < 8; jj++)
-                        a[jj] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(tile + jj * dp + i), a[jj]);
-                }
-                float sums[8];
-                _mm256_storeu_ps(sums, hsum8x8(a));
-                for (int64_t jj = 0; jj < nj; jj++) {
-                    const int64_t j = j0 + jj;
-                    const float sc = cells[j] >= 0 && !(ok && !ok[j]) ? sums[jj] : -INFINITY;
-                    score[hh * r + j0 + jj] = sc;
-                    if (sc > m[hh]) m[hh] = sc;
-                }
-            }
-        }
-        for (int64_t hh = 0; hh < nh; hh++) {
-            if (m[hh] == -INFINITY) continue; /* no row: zeros */
-            float *sr = score + hh * r;
-            const __m256 mv = _mm256_set1_ps(m[hh]);
-            __m256 sum = _mm256_setzero_ps();
-            int64_t j = 0;
-            for (; j + 8 <= r; j += 8) { /* masked rows hold -inf: exp gives 0 */
-                const __m256 p = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(sr + j), mv));
-                _mm256_storeu_ps(sr + j, p);
-                sum = _mm256_add_ps(sum, p);
-            }
-            if (j < r) {
-                float tail[8];
-                for (int64_t k = 0; k < 8; k++) tail[k] = j + k < r ? sr[j + k] - m[hh] : -INFINITY;
-                _mm256_storeu_ps(tail, exp_nonpos(_mm256_loadu_ps(tail)));
-                for (int64_t k = 0; j + k < r; k++) sr[j + k] = tail[k];
-                sum = _mm256_add_ps(sum, _mm256_loadu_ps(tail));
-            }
-            total[hh] = hsum(sum);
-        }
-        /* out = p V / sum p, over tiles of 8 V rows converted once for the head block */
-        float *acc = qf; /* the queries are done with: (nh, dvp) sums of p v */
-        for (int64_t i = 0; i < nh * dvp; i++) acc[i] = 0.0f;
-        for (int64_t j0 = 0; j0 < r; j0 += 8) {
-            const int64_t nj = r - j0 < 8 ? r - j0 : 8;
-            load_tile(v_cache, cells + j0, nj, ok ? ok + j0 : NULL, h_kv, g, dv, dvp, dtype, tile);
-            for (int64_t hh = 0; hh < nh; hh++) {
-                __m256 p[8];
-                for (int jj = 0; jj < 8; jj++)
-                    p[jj] = _mm256_set1_ps(jj < nj && m[hh] > -INFINITY ? score[hh * r + j0 + jj] : 0.0f);
-                for (int64_t i = 0; i < dvp; i += 8) {
-                    __m256 sum = _mm256_loadu_ps(acc + hh * dvp + i);
-                    for (int jj = 0; jj < 8; jj++)
-                        sum = _mm256_fmadd_ps(p[jj], _mm256_loadu_ps(tile + jj * dvp + i), sum);
-                    _mm256_storeu_ps(acc + hh * dvp + i, sum);
-                }
-            }
-        }
-        for (int64_t hh = 0; hh < nh; hh++) {
-            const float inv = total[hh] > 0.0f ? 1.0f / total[hh] : 0.0f;
-            for (int64_t i = 0; i < dv; i++) store1(out, (qr * h + h0 + hh) * dv + i, acc[hh * dvp + i] * inv, dtype);
-        }
-        free(score);
-    }
+    if (!tsr_attention_kv(q, t, h, d, k_cache, dtype, v_cache, dtype, h_kv, dv, rows, s, r,
+                          q_rows, tq, allowed, scale, out, dtype, n_threads))
+        for (int64_t i = 0; i < t * h * dv; i++) store1(out, i, NAN, dtype); /* out of memory */
 }
 /* v rounded to dtype (to nearest even) and widened back to float32, 8 at a time. */
 static inline __m256 round8(__m256 v, int dtype) {
@@ -628,8 +498,9 @@ static void elementwise(const void *a, const void *b, int64_t n, void *y, int dt
  * FFN; optional Q/K/V biases and per-head Q/K RMSNorm) for one token, in one call: the
  * same kernels, in the same order and with the same roundings, as the op-by-op decode path
  * of the torch backend, without a Python call between them. Weights are GGUF block bytes
- * of the GGML type in type_* (Q4_0 2 and Q8_0 8 here, the others of native_qgemv.c through
- * tsr_gemv_quant), norms float32, the rest of dtype. */
+ * of the GGML type in type_* (Q4_0 2 and Q8_0 8 here, F16 1 and BF16 30 through
+ * tsr_gemv_dense, the others of native_qgemv.c through tsr_gemv_quant), norms float32, the
+ * rest of dtype. */
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, head_dim, n_ff, n_rot;
     float eps, scale;
@@ -653,9 +524,12 @@ typedef struct {
 int tsr_gemv_quant(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
                    const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
                    int dtype, int n_threads);
+int tsr_gemv_dense(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                   const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                   int dtype, int n_threads);
 
-/* gemv_n of one activation row for weights of GGML type ggml_type (Q4_0, Q8_0 here, the
- * others in native_qgemv.c); 0 when that fails. */
+/* gemv_n of one activation row for weights of GGML type ggml_type (Q4_0, Q8_0 here, F16
+ * and BF16 in native_dense_gemv.c, the others in native_qgemv.c); 0 when that fails. */
 static int block_gemv(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
                       const void *const *biases, int64_t n_in, const void *x, void *y, int dtype,
                       int n_threads) {
@@ -664,6 +538,8 @@ static int block_gemv(int ggml_type, int n_w, const uint8_t *const *ws, const in
         gemv_n(n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads, size, offset_of(size));
         return 1;
     }
+    if (ggml_type == 1 || ggml_type == 30)
+        return tsr_gemv_dense(ggml_type, n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);
     return tsr_gemv_quant(ggml_type, n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);
 }
 

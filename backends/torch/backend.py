@@ -185,6 +185,7 @@ def tessera_register_block_fusions(register):
 
 @hookimpl
 def tessera_register_switches(register):
+    from tessera.backends.native.dense_gemv import NATIVE_DENSE_DISABLE
     from tessera.backends.native.library import NATIVE_AMX_DISABLE
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
@@ -194,3 +195,4 @@ def tessera_register_switches(register):
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)
     register(NATIVE_QUANT_DISABLE)
+    register(NATIVE_DENSE_DISABLE)

@@ -93,9 +93,7 @@ def _block_struct(backend: Any, block: Any) -> BlockStruct | None:
 def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
     found = {}
     for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-        weight = getattr(block, name)
-        native = getattr(weight, "native_gemv", None)
-        found[name] = native(1) if native is not None else None
+        found[name] = backend._native_gemv(getattr(block, name), 1)
         if found[name] is None:
             return None
     kinds = {name: kind for name, (kind, _) in found.items()}

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tessera.backends.torch.dense_native import dense_gemv, dense_native
 from tessera.backends.torch.packed import PackedLinear, epilogue
 from tessera.switches import DISABLE_KERNELS, names
 
@@ -41,6 +42,8 @@ class WeightOps:
     ``_kernels`` and ``_packed_linear`` are set up in ``TorchBackend.__init__``)."""
 
     def load_weight(self, raw: Any, qtype: Any) -> Any:
+        if len(raw.shape) == 2:
+            dense_native(self)  # chosen while the weights load (their switches are read then)
         kernel = self._kernels.get(qtype.name) if len(raw.shape) == 2 else None
         if kernel is None:
             reason = f"no torch kernel for {qtype.name}"
@@ -56,8 +59,19 @@ class WeightOps:
 
     def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
         if isinstance(w, torch.Tensor):
+            found = dense_gemv(self, w, x.shape[0])
+            if found is not None:  # decode: the native GEMV reads the 16-bit rows once
+                return dense_native(self).gemv_dense(found[0], (w,), x)
             return F.linear(x, w)
         return w.matmul(x)
+
+    def _native_gemv(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
+        """``(kind, what the native kernel reads)`` when a matmul of ``n_rows`` rows by ``w``
+        runs a native GEMV (quantized weights: their ``native_gemv``; plain 16-bit tensors:
+        the dense GEMV), else None."""
+        if isinstance(w, torch.Tensor):
+            return dense_gemv(self, w, n_rows)
+        return getattr(w, "native_gemv", _no_native)(n_rows)
 
     def matmul_n(self, x, weights, biases=None):
         """One native call for weights that all run the same native kernel at this row
@@ -65,7 +79,7 @@ class WeightOps:
         biases = tuple(biases) if biases is not None else (None,) * len(weights)
         native = self._native() if 1 < len(weights) <= MAX_NATIVE_WEIGHTS else None
         if native is not None:
-            found = [getattr(w, "native_gemv", _no_native)(x.shape[0]) for w in weights]
+            found = [self._native_gemv(w, x.shape[0]) for w in weights]
             if all(found) and len({kind for kind, _ in found}) == 1:
                 if all(b is None or (b.dtype == x.dtype and b.is_contiguous()) for b in biases):
                     raws = tuple(raw for _, raw in found)

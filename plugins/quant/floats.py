@@ -2,17 +2,21 @@
 
 Each stores one value per "block", little-endian. BF16 is the top half of an IEEE float32,
 rounded to nearest-even, with NaNs forced to quiet NaNs, exactly as ggml's
-``ggml_compute_fp32_to_bf16`` does. No torch kernel is registered: a float weight is
-already in a form every backend multiplies directly (the backend converts it once to its
-compute dtype when loading).
+``ggml_compute_fp32_to_bf16`` does. A float weight is already in a form every backend
+multiplies directly: the backend converts it once to its compute dtype when loading, except
+on the torch CPU backend for an F16/BF16 matrix in the compute dtype itself, which the
+weight kernel here keeps as a tensor over the file's bytes (no copy, nothing converted at
+load; its decode matmuls read those bytes through the native dense GEMV).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from tessera.contract.quant import QuantType
+from tessera.contract.quant import QuantType, WeightKernel, file_bytes_tensor
 from tessera.hookspecs import hookimpl
 
 TESSERA_PLUGIN_API = 2
@@ -58,6 +62,33 @@ def dequantize_bf16(b: np.ndarray) -> np.ndarray:
 F32 = QuantType("F32", int(GGMLQuantizationType.F32), 1, 4, quantize_f32, dequantize_f32)
 F16 = QuantType("F16", int(GGMLQuantizationType.F16), 1, 2, quantize_f16, dequantize_f16)
 BF16 = QuantType("BF16", int(GGMLQuantizationType.BF16), 1, 2, quantize_bf16, dequantize_bf16)
+
+
+#: The torch backend's compute dtype that each 16-bit type is stored in already.
+IN_PLACE_DTYPES = {"F16": "f16", "BF16": "bf16"}
+
+
+def in_place_kernel(name: str) -> WeightKernel:
+    """The torch kernel of ``name`` (``"F16"`` / ``"BF16"``): a CPU backend computing in that
+    very dtype takes a 2-D weight as a view of the memory-mapped file (read-only: ops only
+    read weights); any other backend declines and converts the values at load."""
+
+    def supports(backend: Any) -> bool:
+        device = getattr(backend, "torch_device", None)
+        on_cpu = device is not None and device.type == "cpu"
+        return on_cpu and backend.dtype == IN_PLACE_DTYPES[name]
+
+    def load(backend: Any, raw: Any) -> Any:
+        rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
+        return file_bytes_tensor(rows).view(backend.torch_dtype)
+
+    return WeightKernel("torch", name, supports, load, "the file's 16-bit values in place")
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    register(in_place_kernel("F16"))
+    register(in_place_kernel("BF16"))
 
 
 @hookimpl

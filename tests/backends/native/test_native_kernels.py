@@ -524,10 +524,12 @@ def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeyp
     np.testing.assert_array_equal(fused, op_by_op)
 
 
-def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path):
-    """An F16 model: the block is declined (None, nothing written) and the ops run."""
+def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path, monkeypatch):
+    """An F16 model with the dense GEMV switched off: the block is declined (None, nothing
+    written) and the ops run."""
     from tessera.engine.kv_cache import KVCache
 
+    monkeypatch.setenv("TESSERA_NATIVE_DENSE_DISABLE", "1")
     path = tmp_path / "default-f16.gguf"
     quantize_model(default_model_path(), path, "F16", RUNTIME)
     model = load_model(path, RUNTIME, "torch", dtype="bf16")

@@ -1,0 +1,220 @@
+/* Decode matmuls (a few activation rows) of F16 and BF16 weights, the file's bytes in place.
+ *
+ * torch's one-row matmul of a dense bf16 weight reads it at a fraction of the memory
+ * bandwidth, and an F16 file was first rounded to the bf16 compute dtype at load. Here each
+ * weight row is read once from the memory-mapped file for up to DENSE_MI activation rows:
+ * every value is widened to float32 (F16: vcvtph2ps; BF16: a 16-bit shift) and multiplied
+ * with float32 activations by FMA, so the products are exact and only the float32 sums
+ * round; with AVX512-BF16, BF16 weights meet bf16 activations in vdpbf16ps (32 values per
+ * instruction, the same exact products). The outputs are rounded once to the caller's dtype.
+ *
+ * The paths, chosen when the library is compiled (tests force the narrower ones with
+ * -mno-avx512bf16 and -mno-avx512f): AVX512 with vdpbf16ps (tsr_dense_path 2), AVX512F
+ * (1), AVX2 + F16C (0). Four weight rows share each activation load; OpenMP hands out the
+ * row groups of all the weights of one call in guided chunks (as gemv_n in native_gemv.c)
+ * and each row stream is prefetched PREFETCH bytes ahead, across the file's 4 KiB pages.
+ */
+#include <stdlib.h>
+
+#include "native_common.h"
+
+#define GGML_F16 1
+#define GGML_BF16 30
+#define DENSE_ROWS 4        /* weight rows per pass over the activations */
+#define DENSE_MAX_WEIGHTS 8 /* weights in one tsr_gemv_dense call */
+
+#if defined(__AVX512F__)
+#define DENSE_ZMM 1
+#define DENSE_MI 4 /* activation rows per pass: 16 accumulators of 32 registers */
+#define DENSE_W 16 /* values per vector */
+#else
+#define DENSE_ZMM 0
+#define DENSE_MI 2 /* 8 accumulators of 16 registers */
+#define DENSE_W 8
+#endif
+#if DENSE_ZMM && defined(__AVX512BF16__)
+#define DENSE_DPBF16 1
+#else
+#define DENSE_DPBF16 0
+#endif
+
+/* Which path this build runs: 2 vdpbf16ps, 1 AVX512F, 0 AVX2 + F16C. */
+int tsr_dense_path(void) { return DENSE_DPBF16 ? 2 : DENSE_ZMM; }
+
+#if TSR_AVX2
+
+static inline float widen1(uint16_t h, int bf16) {
+    if (!bf16) return _cvtsh_ss(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float v;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+#if DENSE_ZMM
+typedef __m512 vec;
+#define VZERO _mm512_setzero_ps
+#define VFMA _mm512_fmadd_ps
+#define VLOAD _mm512_loadu_ps
+#define VSUM _mm512_reduce_add_ps
+static inline vec widen(const uint16_t *p, int bf16) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (bf16) return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+#else
+typedef __m256 vec;
+#define VZERO _mm256_setzero_ps
+#define VFMA _mm256_fmadd_ps
+#define VLOAD _mm256_loadu_ps
+#define VSUM hsum
+static inline vec widen(const uint16_t *p, int bf16) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (bf16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
+#endif
+
+/* y[i * DENSE_ROWS + r] = dot(weight row r, xf row i) for r < R, i < MI (compile-time
+ * constants after inlining): w rows of n_in 16-bit values, xf rows of float32 xs apart. */
+static inline __attribute__((always_inline)) void rows_fma(const uint16_t *w, int64_t n_in,
+                                                          int R, int MI, int bf16,
+                                                          const float *xf, int64_t xs,
+                                                          float *y) {
+    vec acc[DENSE_ROWS][DENSE_MI];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MI; i++) acc[r][i] = VZERO();
+    int64_t k = 0;
+    for (; k + DENSE_W <= n_in; k += DENSE_W) {
+        if (k % 32 == 0) /* one prefetch per 64-byte line of each row */
+            for (int r = 0; r < R; r++) prefetch1((const uint8_t *)(w + r * n_in + k) + PREFETCH);
+        for (int r = 0; r < R; r++) {
+            const vec wv = widen(w + r * n_in + k, bf16);
+            for (int i = 0; i < MI; i++) acc[r][i] = VFMA(wv, VLOAD(xf + i * xs + k), acc[r][i]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MI; i++) {
+            float s = VSUM(acc[r][i]);
+            for (int64_t j = k; j < n_in; j++) s += widen1(w[r * n_in + j], bf16) * xf[i * xs + j];
+            y[i * DENSE_ROWS + r] = s;
+        }
+}
+
+#if DENSE_DPBF16
+/* The same for BF16 weights and bf16 activations xb (rows xs apart): vdpbf16ps on pairs. */
+static inline __attribute__((always_inline)) void rows_dpbf16(const uint16_t *w, int64_t n_in,
+                                                             int R, int MI, const uint16_t *xb,
+                                                             int64_t xs, float *y) {
+    __m512 acc[DENSE_ROWS][DENSE_MI];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MI; i++) acc[r][i] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 32 <= n_in; k += 32) {
+        for (int r = 0; r < R; r++) prefetch1((const uint8_t *)(w + r * n_in + k) + PREFETCH);
+        for (int r = 0; r < R; r++) {
+            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * n_in + k);
+            for (int i = 0; i < MI; i++)
+                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv,
+                                             (__m512bh)_mm512_loadu_si512(xb + i * xs + k));
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < MI; i++) {
+            float s = _mm512_reduce_add_ps(acc[r][i]);
+            for (int64_t j = k; j < n_in; j++) s += widen1(w[r * n_in + j], 1) * widen1(xb[i * xs + j], 1);
+            y[i * DENSE_ROWS + r] = s;
+        }
+}
+#endif
+
+/* R weight rows (1 or DENSE_ROWS) x mi activation rows starting at row i0 into y. */
+static void dense_rows(const uint16_t *w, int64_t n_in, int R, int64_t mi, int bf16, int dp,
+                       const void *xa, int64_t i0, float *y) {
+#if DENSE_DPBF16
+#define DENSE_DP(RR, MM) \
+    if (dp) { rows_dpbf16(w, n_in, RR, MM, (const uint16_t *)xa + i0 * n_in, n_in, y); return; }
+#else
+#define DENSE_DP(RR, MM) (void)dp;
+#endif
+#define DENSE_CASE(RR, MM)                                                         \
+    if (R == RR && mi == MM) {                                                     \
+        DENSE_DP(RR, MM)                                                           \
+        rows_fma(w, n_in, RR, MM, bf16, (const float *)xa + i0 * n_in, n_in, y);   \
+        return;                                                                    \
+    }
+    DENSE_CASE(DENSE_ROWS, 1)
+    DENSE_CASE(DENSE_ROWS, 2)
+    DENSE_CASE(1, 1)
+    DENSE_CASE(1, 2)
+#if DENSE_MI == 4
+    DENSE_CASE(DENSE_ROWS, 3)
+    DENSE_CASE(DENSE_ROWS, 4)
+    DENSE_CASE(1, 3)
+    DENSE_CASE(1, 4)
+#endif
+#undef DENSE_CASE
+#undef DENSE_DP
+}
+
+/* y (m, sum n_outs) = x (m, n_in) @ [W_0; W_1; ...].T (+ biases): n_w <= DENSE_MAX_WEIGHTS
+ * weights of GGML type F16 (1) or BF16 (30), rows of n_in values, that read the same
+ * activations (Q/K/V, gate/up), their outputs side by side; biases NULL or per weight NULL
+ * or n_outs[k] values of dtype, added before the one rounding. x and y contiguous, of dtype.
+ * Returns 0 for another type, a shape it does not take, or when out of memory. */
+int tsr_gemv_dense(int ggml_type, int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                   const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                   int dtype, int n_threads) {
+    if ((ggml_type != GGML_F16 && ggml_type != GGML_BF16) || n_w < 1 || n_w > DENSE_MAX_WEIGHTS)
+        return 0;
+    if (m < 1 || n_in < 1) return 0;
+    const int bf16 = ggml_type == GGML_BF16;
+    /* bf16 activations meet BF16 weights as they are; else they are widened once */
+    const int dp = DENSE_DPBF16 && bf16 && dtype == DT_BF16;
+    float *xf = NULL;
+    const void *xa = x;
+    if (!dp && dtype != DT_F32) {
+        xf = malloc(sizeof(float) * (size_t)(m * n_in));
+        if (!xf) return 0;
+        for (int64_t i = 0; i < m * n_in; i++) xf[i] = load1(x, i, dtype);
+        xa = xf;
+    }
+    int64_t first_group[DENSE_MAX_WEIGHTS + 1], col[DENSE_MAX_WEIGHTS + 1];
+    first_group[0] = col[0] = 0;
+    for (int k = 0; k < n_w; k++) {
+        first_group[k + 1] = first_group[k] + (n_outs[k] + DENSE_ROWS - 1) / DENSE_ROWS;
+        col[k + 1] = col[k] + n_outs[k];
+    }
+    const int64_t groups = first_group[n_w], width = col[n_w];
+    const int64_t group_bytes = DENSE_ROWS * 2 * n_in;
+    const int chunk = group_bytes >= GEMV_CHUNK_BYTES ? 1 : (int)(GEMV_CHUNK_BYTES / group_bytes);
+#pragma omp parallel for schedule(guided, chunk) num_threads(n_threads) if (n_threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        int k = 0;
+        while (g >= first_group[k + 1]) k++;
+        const int64_t r0 = (g - first_group[k]) * DENSE_ROWS;
+        const int64_t n = n_outs[k] - r0 < DENSE_ROWS ? n_outs[k] - r0 : DENSE_ROWS;
+        const uint16_t *wg = (const uint16_t *)ws[k] + r0 * n_in;
+        const void *bias = biases ? biases[k] : NULL;
+        for (int64_t i0 = 0; i0 < m; i0 += DENSE_MI) {
+            const int64_t mi = m - i0 < DENSE_MI ? m - i0 : DENSE_MI;
+            float yi[DENSE_MI * DENSE_ROWS];
+            if (n == DENSE_ROWS)
+                dense_rows(wg, n_in, DENSE_ROWS, mi, bf16, dp, xa, i0, yi);
+            else
+                for (int64_t r = 0; r < n; r++) {
+                    float yr[DENSE_MI * DENSE_ROWS];
+                    dense_rows(wg + r * n_in, n_in, 1, mi, bf16, dp, xa, i0, yr);
+                    for (int64_t i = 0; i < mi; i++) yi[i * DENSE_ROWS + r] = yr[i * DENSE_ROWS];
+                }
+            for (int64_t i = 0; i < mi; i++)
+                for (int64_t r = 0; r < n; r++)
+                    store1(y, (i0 + i) * width + col[k] + r0 + r,
+                           yi[i * DENSE_ROWS + r] + (bias ? load1(bias, r0 + r, dtype) : 0.0f), dtype);
+        }
+    }
+    free(xf);
+    return 1;
+}
+
+#endif

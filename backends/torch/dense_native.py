@@ -1,0 +1,55 @@
+"""Which of the torch backend's dense weights decode on the native 16-bit GEMV
+(:mod:`tessera.backends.native.dense_gemv`): plain 2-D bf16/f16 CPU tensors (F16/BF16 files,
+and the types a backend dequantized at load) in matmuls of fewer than
+:data:`~tessera.backends.native.dense_gemv.NATIVE_DENSE_MAX_ROWS` rows.
+
+The choice is made once per backend: the native kernels' probe and the dense kernel's
+self-test (:func:`~tessera.backends.native.dense_selftest.dense_ok`), then
+``TESSERA_NATIVE_DENSE_DISABLE`` (:data:`~tessera.backends.native.dense_gemv.NATIVE_DENSE_DISABLE`),
+recorded as the backend's ``"native dense matmuls"`` path; everything else keeps
+``F.linear``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tessera.backends.native.dense_gemv import NATIVE_DENSE_DISABLE, NATIVE_DENSE_MAX_ROWS
+from tessera.backends.native.dense_selftest import dense_ok
+from tessera.switches import choose
+
+#: The GGML format of each 16-bit torch dtype the GEMV reads.
+DENSE_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def dense_native(backend: Any) -> Any:
+    """The native kernels when they serve ``backend``'s dense weights, else None (chosen
+    once, kept in ``backend.probe_cache["native dense"]``)."""
+    cache = backend.probe_cache
+    if "native dense" not in cache:
+
+        def probe() -> tuple[bool, str]:
+            gemv = backend._native()
+            if gemv is None:
+                return False, f"no native kernels ({cache['native'].reason})"
+            if not dense_ok(gemv):
+                return False, "the dense GEMV's self-test against numpy failed"
+            return True, f"{gemv.dense_path()} GEMV below {NATIVE_DENSE_MAX_ROWS} rows"
+
+        choice = choose(NATIVE_DENSE_DISABLE, probe, on="native", off="torch")
+        backend.record_path("native dense matmuls", choice)
+        cache["native dense"] = backend._native() if choice.path == "native" else None
+    return cache["native dense"]
+
+
+def dense_gemv(backend: Any, w: torch.Tensor, n_rows: int) -> tuple[str, torch.Tensor] | None:
+    """``(kind, w)`` when a matmul of ``n_rows`` rows by the plain tensor ``w`` runs the native
+    dense GEMV (``kind`` ``"BF16"`` or ``"F16"``), else None."""
+    if n_rows >= NATIVE_DENSE_MAX_ROWS or w.dim() != 2 or w.device.type != "cpu":
+        return None
+    kind = DENSE_KINDS.get(w.dtype)
+    if kind is None or not w.is_contiguous() or dense_native(backend) is None:
+        return None
+    return kind, w
