@@ -88,13 +88,14 @@ class LLM:
         )
         if n_threads > 0:
             self.model.backend.set_threads(n_threads)
-        n_ctx = int(context_params.pop("n_ctx", 0)) or min(self.model.n_ctx_train, 4096)
+        n_ctx = int(context_params.pop("n_ctx", 0) or 0) or min(self.model.n_ctx_train, 4096)
         #: The context's settings (sizes, flash attention ...).
         self.context_params = ContextParams(n_ctx=n_ctx, **context_params)
         #: The name the responses carry in ``model`` (the file or folder name).
         self.model_name = Path(self.model.path).name
         self._pooling = pooling
         self._template_source = chat_template
+        self._template: Any = None
         self._seq: CachedSequence | None = None
         self._embedder: Any = None
         self._active: Iterator[str] | None = None
@@ -150,7 +151,7 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
-    ) -> Any:
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Continue ``prompt`` (text, or token ids); a ``text_completion`` dict, or with
         ``stream`` an iterator of its chunks. ``max_tokens`` None or 0: until the model
         ends or the context is full; ``temperature`` 0: greedy; ``seed`` None: random."""
@@ -179,7 +180,7 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         stream: bool = False,
-    ) -> Any:
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer OpenAI-style ``messages`` with the model's chat template; a
         ``chat.completion`` dict, or with ``stream`` an iterator of ``chat.completion.chunk``
         dicts. The keywords are :meth:`complete`'s (defaults as llama-cpp-python's)."""
@@ -197,8 +198,9 @@ class LLM:
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The prompt text :meth:`chat` evaluates for ``messages``."""
-        template = model_chat_template(self.tokenizer, self._template_source)
-        return template.render(_check_messages(messages), add_generation_prompt=True)
+        if self._template is None:  # compiled once
+            self._template = model_chat_template(self.tokenizer, self._template_source)
+        return self._template.render(_check_messages(messages), add_generation_prompt=True)
 
     def _generate(
         self,

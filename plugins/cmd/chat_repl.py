@@ -126,16 +126,22 @@ class ChatRepl:
         """Add ``question``, stream the answer, and keep what was shown of it."""
         turns = self.conversation.turns
         turns.append({"role": "user", "content": question})
-        text = self.template.render(self.conversation.messages(), add_generation_prompt=True)
-        prompt = encode_chat_prompt(self.tokenizer, text)
         stats = GenerationStats()
         try:
+            text = self.template.render(self.conversation.messages(), add_generation_prompt=True)
+            prompt = encode_chat_prompt(self.tokenizer, text)
             tokens = self.seq.generate(
                 prompt, self.n_predict, self.sampler, eog_ids=self.eog_ids, stats=stats
             )
-        except ContextOverflowError as exc:
-            turns.pop()
-            self._note(f"error: {exc} (or /clear the conversation)")
+        except (TesseraError, KeyboardInterrupt) as exc:
+            turns.pop()  # no answer: the question is not part of the conversation
+            if isinstance(exc, KeyboardInterrupt):
+                self._note("[answer stopped]")
+            else:
+                way_out = (
+                    " (or /clear the conversation)" if isinstance(exc, ContextOverflowError) else ""
+                )
+                self._note(f"error: {exc}{way_out}")
             return
         shown, stopped = self._stream(tokens)
         turns.append({"role": "assistant", "content": "".join(shown)})

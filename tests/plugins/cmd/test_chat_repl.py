@@ -15,6 +15,7 @@ from tessera.engine.context import Context, ContextParams
 from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.plugins.cmd.chat_conversation import Conversation
 from tessera.plugins.cmd.chat_repl import ChatRepl
+from tessera.text.chat_template import ChatTemplate
 
 
 def _repl(lines, n_predict=8, n_ctx=512):
@@ -94,3 +95,13 @@ def test_load_flag_starts_from_a_saved_conversation(tmp_path, monkeypatch, capsy
     assert main(argv) == 0
     expected = greedy_answer([*saved.messages(), user("And a tuple?")], 8)
     assert capsys.readouterr().out == expected + "\n\n"
+
+
+def test_a_template_that_refuses_the_conversation_is_an_error_line_and_no_turn():
+    repl, out, err = _repl(["Hi", "/exit"])
+    repl.template = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    assert repl.run() == 0
+    assert "error: the model's chat template rejected the conversation: roles must alternate" in (
+        err.getvalue()
+    )
+    assert repl.conversation.turns == [] and out.getvalue() == ""
