@@ -24,6 +24,7 @@ from tessera.contract.arch import Architecture, KVLayerLayout, check_tensors, me
 from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
 from tessera.contract.names import fields_from_gguf, fields_to_gguf, tensors_from_hf
 from tessera.contract.routing import GATING_IDS
+from tessera.errors import ModelFileError
 from tessera.hookspecs import hookimpl
 from tessera.models.deepseek2.config import CONFIG_FIELDS, HF_NAMES, DeepSeek2Config
 from tessera.models.deepseek2.graph import DeepSeek2Graph
@@ -190,8 +191,6 @@ class DeepSeek2Architecture(Architecture):
 
 def _yarn_from_gguf(metadata: Mapping[str, Any], kind: str, factor: float) -> dict[str, Any]:
     """The YaRN fields of a GGUF file (``none``: none), as llama.cpp's loader reads them."""
-    from tessera.errors import ModelFileError
-
     p = f"{ARCH}.rope.scaling."
     fields = {"rope_attn_factor": float(metadata.get(p + "attn_factor", 1.0))}
     if kind == "none" or not factor:

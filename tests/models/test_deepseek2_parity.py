@@ -32,7 +32,9 @@ from tessera.cli.main import main
 from tessera.contract.routing import ExpertRouting, route_experts
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
 from tessera.engine.memory import kv_cache_bytes
+from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.errors import ModelFileError
 from tessera.files.gguf import read_gguf
 from tessera.testing.arch import relative_error
@@ -56,6 +58,14 @@ def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
     got, tokens = tessera_answers(family.path(source), backend, prompt)
     assert relative_error(got, logits) <= TOL
     assert tokens == greedy
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_prompt_prefilled_in_ubatches_of_5_reads_the_latent_cache_across_them(family, backend):
+    prompt, _, greedy = family.expected("llama.cpp")
+    ctx = Context(load(family.f.gguf, backend), ContextParams(n_ctx=64, n_ubatch=5))
+    sampler = Sampler(SamplerParams(temperature=0))
+    assert list(generate(ctx, prompt.tolist(), len(greedy), sampler)) == greedy
 
 
 def test_tessera_writes_what_llama_cpp_writes(family):
