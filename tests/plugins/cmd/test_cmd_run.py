@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from chat_oracle import greedy_answer, user
+
 from tessera.cli.main import main
 
 ARGS = ["--backend", "numpy", "--temp", "0", "-n", "6", "--no-timings"]
@@ -58,3 +60,9 @@ def test_the_summary_line_is_printed_before_the_text(capsys):
     first = err.splitlines()[0]
     assert code == 0 and first.startswith("model: llama 'hf' | ") and "n_ctx 512" in first
     assert "numpy/f32 on cpu" in first and first not in out
+
+
+def test_chat_wraps_the_prompt_and_system_message_in_the_template(capsys):
+    code, out, _ = _run(capsys, ["--chat", "-sys", "Be brief.", "-p", "What is a list?", *ARGS])
+    messages = [{"role": "system", "content": "Be brief."}, user("What is a list?")]
+    assert code == 0 and out == greedy_answer(messages, 6) + "\n"
