@@ -12,6 +12,7 @@ import numpy as np
 
 from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
 from tessera.contract.ops import Op
+from tessera.engine.kv_types import KV_TYPE_BYTES, stored_values
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
 
@@ -26,16 +27,21 @@ class NumpyBackend(Backend):
     def supports(self, op: Op) -> bool:
         # attention_rows is implemented as a reference but declined: numpy contexts always
         # run the dense-mask fallback, so that path stays exercised by every numpy test.
-        return op.name in CORE_OPS or op.name in (
-            "attention_softcap",
-            "rope_ext",
-            "tanh",
-            "swiglu_oai",
-            "gelu_erf",
-            "moe_ffn",
-            "linear",
-            "concat",
-            "matmul_heads",
+        return (
+            op.name in CORE_OPS
+            or op.name
+            in (
+                "attention_softcap",
+                "rope_ext",
+                "tanh",
+                "swiglu_oai",
+                "gelu_erf",
+                "moe_ffn",
+                "linear",
+                "concat",
+                "matmul_heads",
+            )
+            or (op.name == "kv_cache" and op.get("type") in KV_TYPE_BYTES)
         )
 
     def from_numpy(self, a: np.ndarray) -> np.ndarray:
@@ -47,6 +53,10 @@ class NumpyBackend(Backend):
 
     def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, dtype=np.float32)
+
+    def kv_cache(self, shape: tuple[int, ...], cache_type: str) -> np.ndarray:
+        """float32 values that :meth:`set_rows` rounds as ``cache_type`` stores them."""
+        return StoredRows(shape, cache_type)
 
     def load_weight(self, raw: Any, qtype: Any) -> np.ndarray:
         self.record(raw.name, "dequantize", f"{qtype.name} decoded to f32 (reference backend)")
@@ -206,7 +216,18 @@ class NumpyBackend(Backend):
         return out
 
     def set_rows(self, dst, rows, src):
-        dst[np.asarray(rows)] = src
+        kind = getattr(dst, "cache_type", None)
+        dst[np.asarray(rows)] = src if kind is None else stored_values(src, kind)
+
+
+class StoredRows(np.ndarray):
+    """A KV cache of another type than float32: its values are float32, rounded as
+    ``cache_type`` stores them when written (its views and results carry no type)."""
+
+    def __new__(cls, shape: tuple[int, ...], cache_type: str) -> StoredRows:
+        rows = np.zeros(shape, dtype=np.float32).view(cls)
+        rows.cache_type = cache_type
+        return rows
 
 
 def create(device: str | None = None, dtype: str | None = None) -> NumpyBackend:

@@ -261,6 +261,8 @@ class BlockStruct(ctypes.Structure):
         *((f, ctypes.c_void_p) for f in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")),
         *((f, ctypes.c_void_p) for f in ("bq", "bk", "bv", "attn_norm", "ffn_norm")),
         *((f, ctypes.c_void_p) for f in ("q_norm", "k_norm", "k_cache", "v_cache")),
+        ("k_type", ctypes.c_int),  # the caches' storage types (attention_kv.KV_TYPE_CODES)
+        ("v_type", ctypes.c_int),
     ]
 
 

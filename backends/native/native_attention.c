@@ -24,6 +24,34 @@
 #define MIN_SPLIT 256 /* fewest rows per range when the rows are split over threads */
 #define MAX_SPLITS 64 /* most ranges per (query, KV head, head block) */
 
+/* Bytes that n values (a multiple of 32 for q8_0) take in a cache of type `type`. */
+int64_t tsr_kv_bytes(int type, int64_t n) {
+    return type == KV_Q8_0 ? n / QK * 34 : n * (type == DT_F32 ? 4 : 2);
+}
+
+/* n values of x (dtype) written to dst as a cache of type `type` stores them: rounded to
+ * bfloat16 / float16 (to nearest even), or as q8_0 blocks (d = max|x| / 127 as float16, codes
+ * round(x * (1 / d)) half away from zero, all in float32: ggml's quantize_row_q8_0_ref, and
+ * tessera.engine.kv_types.quantize_q8_0 bit for bit). */
+void tsr_kv_store(const void *x, int dtype, int64_t n, void *dst, int type) {
+    if (type != KV_Q8_0) {
+        for (int64_t i = 0; i < n; i++) store1(dst, i, load1(x, i, dtype), type);
+        return;
+    }
+    uint8_t *blk = dst;
+    for (int64_t i0 = 0; i0 < n; i0 += QK, blk += 34) {
+        float v[QK], amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            v[j] = load1(x, i0 + j, dtype);
+            amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        }
+        const float d = amax / 127.0f, inv = d == 0.0f ? 0.0f : 1.0f / d;
+        const uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        memcpy(blk, &h, 2);
+        for (int j = 0; j < QK; j++) blk[2 + j] = (uint8_t)(int8_t)roundf(v[j] * inv);
+    }
+}
+
 /* Row `row` (cell * h_kv + head) of a cache of type `type` with d values per row, as float32
  * into dst[0 .. dp), zeros past d. */
 static void load_row(const void *cache, int type, int64_t row, int64_t d, int64_t dp, float *dst) {

@@ -449,6 +449,8 @@ int tsr_attention_kv(const void *q, int64_t t, int64_t h, int64_t d, const void 
                      const int64_t *rows, int64_t s, int64_t r, const int64_t *q_rows,
                      int64_t tq, const uint8_t *allowed, float scale, void *out, int dtype,
                      int n_threads);
+int64_t tsr_kv_bytes(int type, int64_t n);
+void tsr_kv_store(const void *x, int dtype, int64_t n, void *dst, int type);
 
 void tsr_attention_rows(const void *q, int64_t t, int64_t h, int64_t d, const void *k_cache,
                         const void *v_cache, int64_t h_kv, int64_t dv, const int64_t *rows,
@@ -509,7 +511,8 @@ typedef struct {
     const void *bq, *bk, *bv;          /* dtype, or NULL */
     const float *attn_norm, *ffn_norm; /* n_embd */
     const float *q_norm, *k_norm;      /* head_dim, or NULL */
-    void *k_cache, *v_cache;           /* (cells, n_head_kv, head_dim) of dtype */
+    void *k_cache, *v_cache;           /* (cells, n_head_kv, head_dim) of k_type / v_type */
+    int k_type, v_type;                /* the caches' storage types (tsr_attention_kv's) */
 } tsr_block;
 
 /* The token: its RoPE angles (n_rot / 2 values of dtype each), the cache cell its K/V go
@@ -567,11 +570,11 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
                      int n_threads) {
     const int64_t es = dtype == DT_F32 ? 4 : 2, n = b->n_embd;
     const int64_t qd = b->n_head * b->head_dim, kd = b->n_head_kv * b->head_dim;
-    char *buf = malloc((size_t)(es * (4 * n + 3 * qd + 2 * kd + 3 * b->n_ff) + 64));
+    char *buf = malloc((size_t)(es * (4 * n + 3 * qd + 3 * kd + 3 * b->n_ff) + 64));
     if (!buf) return 0;
     char *h = buf, *q = h + es * n, *k = q + es * qd, *v = k + es * kd, *qr = v + es * kd;
     char *att = qr + es * qd, *mid = att + es * qd, *gu = mid + es * n;
-    char *act = gu + es * 2 * b->n_ff, *tmp = act + es * b->n_ff;
+    char *act = gu + es * 2 * b->n_ff, *tmp = act + es * b->n_ff, *kr = tmp + es * n;
     tsr_rms_norm(x, 1, n, b->attn_norm, b->eps, h, dtype, 1);
     const uint8_t *qkv_w[3] = {b->wq, b->wk, b->wv};
     const int64_t qkv_n[3] = {qd, kd, kd};
@@ -580,15 +583,20 @@ int tsr_block_decode(const tsr_block *b, const tsr_step *s, const void *x, void 
     int ok = block_gemvs(qkv_t, 3, qkv_w, qkv_n, qkv_b, n, h, q, dtype, n_threads);
     if (b->q_norm) tsr_rms_norm(q, b->n_head, b->head_dim, b->q_norm, b->eps, q, dtype, 1);
     if (b->k_norm) tsr_rms_norm(k, b->n_head_kv, b->head_dim, b->k_norm, b->eps, k, dtype, 1);
-    char *k_cell = (char *)b->k_cache + es * kd * s->cell;
-    char *v_cell = (char *)b->v_cache + es * kd * s->cell;
+    /* the token's K and V into its cell, rounded as the caches store them */
+    char *k_cell = (char *)b->k_cache + tsr_kv_bytes(b->k_type, kd) * s->cell;
+    char *v_cell = (char *)b->v_cache + tsr_kv_bytes(b->v_type, kd) * s->cell;
     tsr_rope(q, 1, b->n_head, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, qr, dtype);
-    tsr_rope(k, 1, b->n_head_kv, b->head_dim, b->n_rot, s->cos, s->sin, b->neox, k_cell, dtype);
-    memcpy(v_cell, v, (size_t)(es * kd));
+    const int k_in_place = b->k_type == dtype;
+    tsr_rope(k, 1, b->n_head_kv, b->head_dim, b->n_rot, s->cos, s->sin, b->neox,
+             k_in_place ? k_cell : kr, dtype);
+    if (!k_in_place) tsr_kv_store(kr, dtype, kd, k_cell, b->k_type);
+    if (b->v_type == dtype) memcpy(v_cell, v, (size_t)(es * kd));
+    else tsr_kv_store(v, dtype, kd, v_cell, b->v_type);
     const int64_t q_row = 0;
-    tsr_attention_rows(qr, 1, b->n_head, b->head_dim, b->k_cache, b->v_cache, b->n_head_kv,
-                       b->head_dim, s->rows, 1, s->n_rows, &q_row, 1, NULL, b->scale, att, dtype,
-                       n_threads);
+    ok &= tsr_attention_kv(qr, 1, b->n_head, b->head_dim, b->k_cache, b->k_type, b->v_cache,
+                           b->v_type, b->n_head_kv, b->head_dim, s->rows, 1, s->n_rows, &q_row, 1,
+                           NULL, b->scale, att, dtype, n_threads);
     ok &= block_gemv(b->type_o, 1, &b->wo, &n, NULL, qd, att, tmp, dtype, n_threads);
     elementwise(x, tmp, n, mid, dtype, 0);
     tsr_rms_norm(mid, 1, n, b->ffn_norm, b->eps, h, dtype, 1);

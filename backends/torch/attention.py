@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.backends.native.kernels import RowLists
+from tessera.backends.torch.kv_store import Q8_0Rows, cache_type_of, read_rows
 
 #: attention_rows runs natively for ubatches of at most this many queries (decode, small
 #: batches of sequences); larger ubatches keep SDPA's blocked kernels.
@@ -26,12 +27,13 @@ class AttentionOps:
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
+        k, v = _cells(k_cache, n_kv, q.dtype), _cells(v_cache, n_kv, q.dtype)
         # (1, H, T, D) views; GQA without copying K/V. With a batch axis SDPA takes its
         # fused CPU kernel (3-D inputs fall back to the slow unfused path: 5-8x slower).
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
-            k_cache[:n_kv].transpose(0, 1)[None],
-            v_cache[:n_kv].transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
             attn_mask=allowed,
             scale=scale,
             enable_gqa=n_head != n_head_kv,
@@ -47,8 +49,8 @@ class AttentionOps:
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
-        k = k_cache[:n_kv].transpose(0, 1)  # (Hkv, S, D)
-        v = v_cache[:n_kv].transpose(0, 1)
+        k = _cells(k_cache, n_kv, q.dtype).transpose(0, 1)  # (Hkv, S, D)
+        v = _cells(v_cache, n_kv, q.dtype).transpose(0, 1)
         qg = q.transpose(0, 1).reshape(n_head_kv, -1, q.shape[-1])  # (Hkv, group * T, D)
         scores = torch.matmul(qg, k.transpose(1, 2)).float().view(n_head, n_tokens, -1) * scale
         if softcap:
@@ -65,6 +67,19 @@ class AttentionOps:
         if dead is not None:
             out = out.masked_fill(dead, 0.0)  # softmax over no cell gives NaN: zeros instead
         return out.transpose(0, 1).reshape(n_tokens, -1)
+
+    def _native_attention(self, q, k_cache, v_cache, lists, scale) -> Any:
+        """The native kernel's attention over the caches in place, or None where it does not
+        read them (a view that is not contiguous, such as a V inside K)."""
+        native = self._native()
+        caches = [c.blocks if isinstance(c, Q8_0Rows) else c for c in (k_cache, v_cache)]
+        if not all(c.is_contiguous() for c in caches):
+            return None
+        kinds = [cache_type_of(c) for c in (k_cache, v_cache)]
+        if q.dtype == caches[0].dtype == caches[1].dtype:
+            return native.attention_rows(q, k_cache, v_cache, lists, scale)
+        return native.attention_kv(q, caches[0], kinds[0], caches[1], kinds[1], v_cache.shape,
+                                   lists, scale)  # fmt: skip
 
     def _mask_tensors(self, mask: np.ndarray) -> tuple[Any, Any]:
         """The dense mask and its all-masked rows as tensors, made once per ubatch: every
@@ -136,16 +151,19 @@ class AttentionOps:
         n_rows = kv_rows.rows.shape[1]
         t = self._rows_tensors(kv_rows)
         lists = t.get("native")
-        if lists is not None and q.dtype == k_cache.dtype == v_cache.dtype:
-            if k_cache.is_contiguous() and v_cache.is_contiguous():
-                # decode: one C call reads each query's rows in place (no gather, no mask)
-                return self._native().attention_rows(q, k_cache, v_cache, lists, scale)
+        if lists is not None:
+            # decode: one C call reads each query's rows in place (no gather, no mask)
+            out = self._native_attention(q, k_cache, v_cache, lists, scale)
+            if out is not None:
+                return out
         if t["span"] is not None:
-            start, length = t["span"]
-            k, v = k_cache[start : start + length][None], v_cache[start : start + length][None]
+            span = slice(t["span"][0], t["span"][0] + t["span"][1])
+            k, v = (read_rows(c, span, q.dtype)[None] for c in (k_cache, v_cache))
         else:
-            k = k_cache.index_select(0, t["cells"]).view(n_slices, n_rows, n_head_kv, -1)
-            v = v_cache.index_select(0, t["cells"]).view(n_slices, n_rows, n_head_kv, -1)
+            k, v = (
+                read_rows(c, t["cells"], q.dtype).view(n_slices, n_rows, n_head_kv, -1)
+                for c in (k_cache, v_cache)
+            )
             if t["pad"] is not None:  # padding rows read nothing (a -inf mask entry)
                 k, v = k.masked_fill(t["pad"], 0.0), v.masked_fill(t["pad"], 0.0)
         qs = q if t["q"] is None else q.index_select(0, t["q"])
@@ -165,3 +183,11 @@ class AttentionOps:
         out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
         out = out if t["out"] is None else out.index_select(0, t["out"])
         return out.reshape(n_tokens, -1)
+
+
+def _cells(cache: Any, n_kv: int, dtype: torch.dtype) -> torch.Tensor:
+    """Cells ``[0, n_kv)`` of a cache in ``dtype``: a view of a cache in that dtype, else the
+    stored values converted."""
+    if isinstance(cache, torch.Tensor) and cache.dtype == dtype:
+        return cache[:n_kv]
+    return read_rows(cache, slice(0, n_kv), dtype)

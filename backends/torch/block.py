@@ -10,8 +10,10 @@ write, row-list attention, the output projection, the residual, gate/up, SwiGLU,
 with the same roundings, without returning to Python in between.
 
 It declines (returns None, nothing written) unless every matrix runs a native kernel at
-one row (Q/K/V and gate/up of one type or not), the biases and caches are in the compute
-dtype, and the token attends to one list of rows with nothing masked (no sliding window).
+one row (Q/K/V and gate/up of one type or not), the biases are in the compute dtype, the
+caches are whole (in the compute dtype or a ``-ctk`` / ``-ctv`` type, which the block
+rounds the token's K and V into), and the token attends to one list of rows with nothing
+masked (no sliding window).
 ``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
 ``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this
 fusion (the ops run one by one).
@@ -23,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.backends.native.attention_kv import KV_TYPE_CODES
 from tessera.backends.native.kernels import BLOCK_GGML_TYPES, BlockStruct, StepStruct
 from tessera.switches import OFF, Choice, Switch, choose
 
@@ -62,19 +65,26 @@ def decoder_block(
     if native is None or x.shape[0] != 1 or not x.is_contiguous():
         return None
     struct = _block_struct(backend, block)
-    if struct is None or not _caches_ok(x, k_cache, v_cache, block):
+    if struct is None or not _caches_ok(k_cache, v_cache, block):
         return None
     step = _step_struct(backend, kv_rows, block, positions, cell)
     if step is None:
         return None
-    struct.k_cache, struct.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+    from tessera.backends.torch.kv_store import Q8_0Rows, cache_type_of  # torch: not at import
+
+    k, v = (c.blocks if isinstance(c, Q8_0Rows) else c for c in (k_cache, v_cache))
+    struct.k_cache, struct.v_cache = k.data_ptr(), v.data_ptr()
+    struct.k_type, struct.v_type = (KV_TYPE_CODES[cache_type_of(c)] for c in (k_cache, v_cache))
     return native.block_decode(struct, step, x)
 
 
-def _caches_ok(x: Any, k_cache: Any, v_cache: Any, block: Any) -> bool:
+def _caches_ok(k_cache: Any, v_cache: Any, block: Any) -> bool:
+    """Whole caches of this block's shape (in any stored type: the C block rounds the
+    token's K and V as each stores them)."""
     shape = (block.n_head_kv, block.head_dim)
     for c in (k_cache, v_cache):
-        if c.dtype != x.dtype or not c.is_contiguous() or c.shape[1:] != shape:
+        held = getattr(c, "blocks", c)  # a q8_0 cache's bytes
+        if not held.is_contiguous() or tuple(c.shape[1:]) != shape:
             return False
     return True
 

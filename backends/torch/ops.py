@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from tessera.backends.torch.attention import AttentionOps
 from tessera.backends.torch.backend import INFERENCE_MODE
+from tessera.backends.torch.kv_store import KV_STORE_TYPES, Q8_0Rows, make_cache
 from tessera.backends.torch.norms import NormOps
 from tessera.backends.torch.packed import PackedLinear
 from tessera.backends.torch.rope import RopeOps
@@ -71,6 +72,8 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         if op.name in ("rope", "rope_ext"):
             n_rot, head_dim = op.get("n_rot", 0), op.get("head_dim")
             return n_rot % 2 == 0 and (head_dim is None or n_rot <= head_dim)
+        if op.name == "kv_cache":
+            return op.get("type") in KV_STORE_TYPES
         if op.name in ("attention", "attention_rows", "attention_softcap"):
             n_head, n_head_kv = op.get("n_head", 1), op.get("n_head_kv", 1)
             return n_head_kv > 0 and n_head % n_head_kv == 0
@@ -108,6 +111,8 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         return t.to(self.torch_device)
 
     def to_numpy(self, x: torch.Tensor) -> np.ndarray:
+        if isinstance(x, Q8_0Rows):  # a q8_0 KV cache: the values it holds
+            return x.values(slice(None), torch.float32).cpu().numpy()
         x = x.detach()
         if x.is_floating_point():
             x = x.float()
@@ -115,6 +120,9 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
 
     def zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=self.torch_dtype, device=self.torch_device)
+
+    def kv_cache(self, shape: tuple[int, ...], cache_type: str) -> Any:
+        return make_cache(shape, cache_type, self.torch_device)
 
     def _index(self, ids: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(ids, dtype=np.int64)).to(self.torch_device)

@@ -9,12 +9,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from tessera.backends.torch.kv_store import Q8_0Rows
+
 
 class TransferOps:
     """The row writes and batched transfers of :class:`~tessera.backends.torch.ops.TorchBackend`
     (a mixin)."""
 
-    def set_rows(self, dst: torch.Tensor, rows: np.ndarray, src: torch.Tensor) -> None:
+    def set_rows(self, dst: Any, rows: np.ndarray, src: torch.Tensor) -> None:
+        if isinstance(dst, Q8_0Rows):  # a q8_0 KV cache: the rows quantized into its blocks
+            with _writable(dst.blocks):
+                dst.write(int(rows[0]) if len(rows) == 1 else self._index(rows), src)
+            return
         with _writable(dst):
             if len(rows) == 1:  # decode: one cell, a view copy (no index tensor)
                 dst[int(rows[0])].copy_(src[0])
@@ -32,7 +38,9 @@ class TransferOps:
         dst_views, src_views = [], []
         for dst, rows, src in zip(dsts, rows_list, hosts, strict=True):
             span = _span(rows, len(dst))
-            if span is None:  # scattered cells: an index copy of their own
+            if isinstance(dst, Q8_0Rows):  # quantized on the way in
+                self.set_rows(dst, np.arange(*span) if span else rows, src.to(self.torch_device))
+            elif span is None:  # scattered cells: an index copy of their own
                 self.set_rows(dst, rows, src)
             else:
                 dst_views.append(dst[span[0] : span[1]])
@@ -47,9 +55,15 @@ class TransferOps:
         parts = []
         for t, rows in zip(tensors, rows_list, strict=True):
             span = _span(rows, len(t))
+            if isinstance(t, Q8_0Rows):  # a q8_0 KV cache: its values in float32
+                index = slice(*span) if span else self._index(rows)
+                parts.append(t.values(index, torch.float32))
+                continue
             parts.append(t[span[0] : span[1]] if span else t.index_select(0, self._index(rows)))
-        if not parts or len({p.dtype for p in parts}) > 1 or not parts[0].is_floating_point():
+        if not parts or not all(p.is_floating_point() for p in parts):
             return super().get_n(tensors, rows_list)
+        if len({p.dtype for p in parts}) > 1:  # caches of several types: all as float32
+            parts = [p.float() for p in parts]
         sizes = [p.numel() for p in parts]
         if self.torch_device.type == "cpu":
             # straight into one float32 host buffer: one copy, with the dtype conversion
@@ -63,6 +77,10 @@ class TransferOps:
 
     def copy_n(self, dsts, srcs) -> None:
         """``dsts[i][...] = srcs[i]`` for the whole list in one ``_foreach_copy_``."""
+        if any(isinstance(d, Q8_0Rows) for d in dsts):  # q8_0 caches: through set_rows
+            for dst, src in zip(dsts, srcs, strict=True):
+                self.set_rows(dst, np.arange(len(dst)), src)
+            return
         if dsts:
             with _writable(dsts[0]):
                 torch._foreach_copy_(list(dsts), list(srcs))

@@ -9,6 +9,7 @@ from typing import Any
 
 from tessera.contract.experts import MoEOptions
 from tessera.engine.context import FLASH_ATTN_MODES, Context, ContextParams
+from tessera.engine.kv_types import KV_TYPE_BYTES
 from tessera.engine.sampling import SamplerParams
 from tessera.errors import TesseraError
 from tessera.files.load import Model, default_model_path, load_model
@@ -56,6 +57,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, several_models: bool = 
         default="auto",
         help="row-indexed attention over the KV cache (auto: where the backend supports it)",
     )
+    for part in ("k", "v"):  # llama.cpp's -ctk / -ctv
+        g.add_argument(
+            f"-ct{part}",
+            f"--cache-type-{part}",
+            type=str.lower,
+            choices=tuple(KV_TYPE_BYTES),
+            default="",
+            help=f"storage type of the {part.upper()} cache (default: the compute dtype)",
+        )
     g.add_argument(
         "--backend", default=None, help="backend plugin to use (default: best available)"
     )
@@ -215,6 +225,8 @@ def context_params_from_args(args: argparse.Namespace, model: Model) -> ContextP
         flash_attn=args.flash_attn,
         kv_unified=getattr(args, "kv_unified", True),
         prune=not getattr(args, "no_prune", False),
+        type_k=getattr(args, "cache_type_k", ""),
+        type_v=getattr(args, "cache_type_v", ""),
     )
 
 

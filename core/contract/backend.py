@@ -71,6 +71,7 @@ OPTIONAL_OPS = (
     "gate_up_swiglu",
     "concat",
     "matmul_heads",
+    "kv_cache",
 )
 
 

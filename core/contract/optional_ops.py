@@ -208,6 +208,21 @@ class OptionalOps:
         # An optional op: the default probe declines it (see attention_rows).
         raise NotImplementedError(f"backend {self.name} does not implement moe_ffn")
 
+    def kv_cache(self, shape: tuple[int, ...], cache_type: str) -> Any:
+        """Optional: a zero-filled KV-cache array of ``shape`` ``(C, H, D)`` whose values are
+        stored as ``cache_type`` (``"f16"``, ``"q8_0"`` ...; see :mod:`tessera.engine.kv_types`)
+        instead of the compute dtype (llama.cpp's ``-ctk`` / ``-ctv``).
+
+        Every op that takes a cache takes it: :meth:`set_rows` rounds the rows written into
+        it to the type (exactly as :func:`tessera.engine.kv_types.stored_values` does), the
+        attention ops read the stored values, :meth:`get_n` gives them as float32 and
+        :meth:`set_n` rounds what it writes. Backends that store a type answer True to
+        ``supports(op)`` for ``op.name == "kv_cache"`` with ``op.get("type")`` that type;
+        the default declines (a context then refuses the type).
+        """
+        # An optional op: the default probe declines it (see attention_rows).
+        raise NotImplementedError(f"backend {self.name} does not store a {cache_type} KV cache")
+
     # -- batched transfers (optional; the defaults below are the per-tensor fallback) ---
 
     def set_n(

@@ -15,6 +15,7 @@ from tessera.contract.arch import ForwardInput
 from tessera.contract.ops import Op
 from tessera.engine.batch import Batch
 from tessera.engine.kv_cache import KVCache
+from tessera.engine.kv_types import cache_type, check_layout
 from tessera.engine.memory import available_bytes, check_kv_cache_fits
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.switches import KV_ROWS_DISABLE, PRUNE_DISABLE, Choice, choose
@@ -32,6 +33,11 @@ def _flash_attn(instance: Any, attribute: Any, value: str) -> None:
         raise TesseraError(f"flash_attn must be one of on, off, auto; got '{value}'")
 
 
+def _kv_type(instance: Any, attribute: Any, value: str) -> None:
+    if value:
+        cache_type(value, "")  # raises for a name that is no cache type
+
+
 #: llama.cpp's -fa values. "auto": on where the backend supports ``attention_rows``.
 FLASH_ATTN_MODES = ("on", "off", "auto")
 #: The variables that force the dense-mask path and turn prefill pruning off, for
@@ -42,7 +48,8 @@ PRUNE_DISABLE_ENV = PRUNE_DISABLE.name
 
 @attrs.frozen
 class ContextParams:
-    """Sizes and switches of a context (llama.cpp's -c, -b, -ub, -np, -fa, --kv-unified)."""
+    """Sizes and switches of a context (llama.cpp's -c, -b, -ub, -np, -fa, --kv-unified,
+    -ctk, -ctv)."""
 
     n_ctx: int = attrs.field(default=2048, validator=_positive)
     n_batch: int = attrs.field(default=2048, validator=_positive)
@@ -53,6 +60,10 @@ class ContextParams:
     kv_unified: bool = True
     #: Prefill pruning in architectures with KV-shared layers (``--no-prune`` sets False).
     prune: bool = True
+    #: Storage types of the K and V cache (``-ctk`` / ``-ctv``: f32, bf16, f16, q8_0; see
+    #: :mod:`tessera.engine.kv_types`); "" keeps the backend's compute dtype.
+    type_k: str = attrs.field(default="", converter=str.lower, validator=_kv_type)
+    type_v: str = attrs.field(default="", converter=str.lower, validator=_kv_type)
 
 
 def choose_kv_path(
@@ -101,6 +112,24 @@ def choose_prune(params: ContextParams) -> Choice:
     return choose(PRUNE_DISABLE, probe)
 
 
+def kv_cache_types(backend: Any, layout: Any, params: ContextParams) -> tuple[str, str]:
+    """The K and V cache types of a context (:mod:`tessera.engine.kv_types`; "" for the
+    compute dtype), refused with a message when the layout or the backend cannot store them;
+    recorded as the backend's ``"kv cache"`` placement."""
+    dtype = backend.dtype
+    type_k, type_v = (cache_type(t, dtype) for t in (params.type_k, params.type_v))
+    check_layout(layout, type_k, type_v)
+    for kind in {type_k, type_v} - {dtype}:
+        if not backend.supports(Op("kv_cache", {"type": kind}, dtype)):
+            raise TesseraError(
+                f"backend {backend.name} cannot store a {kind} KV cache; drop -ctk/-ctv "
+                f"{kind} (the cache is then {dtype}) or use --backend torch"
+            )
+    why = "-ctk/-ctv" if params.type_k or params.type_v else "the compute dtype"
+    backend.record("kv cache", f"K {type_k}, V {type_v}", why)
+    return ("" if type_k == dtype else type_k), ("" if type_v == dtype else type_v)
+
+
 class Context:
     """Evaluates batches of tokens against a model, keeping their K/V in a unified cache."""
 
@@ -110,9 +139,10 @@ class Context:
         p = self.params
         self.n_ubatch = min(p.n_ubatch, p.n_batch)
         layout = model.arch.kv_layout(model.config)
+        types = kv_cache_types(model.backend, layout, p)
         if model.backend.device == "cpu":  # GPU memory is not what /proc/meminfo counts
-            check_kv_cache_fits(layout, p.n_ctx, model.backend.dtype, available_bytes())
-        self.kv = KVCache(model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified)
+            check_kv_cache_fits(layout, p.n_ctx, model.backend.dtype, available_bytes(), *types)
+        self.kv = KVCache(model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified, *types)
         #: "rows" or "dense" (see :func:`choose_kv_path`) and the reason, for reports.
         self.kv_path, self.kv_path_reason = choose_kv_path(model, p)
         model.backend.record("kv attention", self.kv_path, self.kv_path_reason)

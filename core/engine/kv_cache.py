@@ -39,6 +39,8 @@ class KVCache:
         n_ctx: int,
         n_seq_max: int = 1,
         unified: bool = True,
+        type_k: str = "",
+        type_v: str = "",
     ) -> None:
         if not 1 <= n_seq_max <= MAX_SEQUENCES:
             raise ValueError(f"n_seq_max must be between 1 and {MAX_SEQUENCES}, got {n_seq_max}")
@@ -48,10 +50,15 @@ class KVCache:
         #: ``s`` writes only cells ``[s * n_ctx_seq, (s + 1) * n_ctx_seq)``.
         self.unified = unified
         self.n_ctx_seq = n_ctx if unified else n_ctx // n_seq_max
+        #: The stored types of K and V (``-ctk`` / ``-ctv``; "": the compute dtype).
+        self.type_k, self.type_v = type_k, type_v
         self.k = [
-            None if L is None else backend.zeros((n_ctx, L.n_head_kv, L.head_dim_k)) for L in layout
+            None if L is None else _cache(backend, (n_ctx, L.n_head_kv, L.head_dim_k), type_k)
+            for L in layout
         ]
-        self.v = [_v_cache(backend, L, k, n_ctx) for L, k in zip(layout, self.k, strict=True)]
+        self.v = [
+            _v_cache(backend, L, k, n_ctx, type_v) for L, k in zip(layout, self.k, strict=True)
+        ]
         self.pos = np.full(n_ctx, -1, dtype=np.int32)
         self.seqs = np.zeros(n_ctx, dtype=np.uint64)
         # What a decode step needs, made once: it then allocates nothing that grows with
@@ -269,10 +276,19 @@ class KVCache:
         self._cells_changed()
 
 
-def _v_cache(backend: Any, layout: KVLayerLayout | None, k: Any, n_ctx: int) -> Any:
+def _cache(backend: Any, shape: tuple[int, int, int], cache_type: str) -> Any:
+    """A zero-filled cache tensor: the compute dtype, or the backend's ``kv_cache`` of a type."""
+    if not cache_type or cache_type == backend.dtype:
+        return backend.zeros(shape)
+    return backend.kv_cache(shape, cache_type)
+
+
+def _v_cache(
+    backend: Any, layout: KVLayerLayout | None, k: Any, n_ctx: int, cache_type: str = ""
+) -> Any:
     """A layer's V tensor: its own, or a view of its K rows' first values (``v_in_k``)."""
     if layout is None:
         return None
     if layout.v_in_k:
         return k[:, :, : layout.head_dim_v]
-    return backend.zeros((n_ctx, layout.n_head_kv, layout.head_dim_v))
+    return _cache(backend, (n_ctx, layout.n_head_kv, layout.head_dim_v), cache_type)

@@ -1,7 +1,8 @@
 """Refusing weights or a KV cache the machine has no memory for, before allocating them.
 
 The two large allocations are a model's weights (made when it loads) and a context's KV
-cache (``n_ctx`` cells of K and V per layer, in the compute dtype). On a CPU backend each
+cache (``n_ctx`` cells of K and V per layer, in the compute dtype or the ``-ctk`` / ``-ctv``
+types). On a CPU backend each
 is checked against what the kernel says can be allocated without swapping
 (``MemAvailable`` in ``/proc/meminfo``), so a model or a ``-c`` too large for the machine
 is one sentence with the numbers and the way out instead of an OOM kill; in a server with
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tessera.contract.arch import KVLayerLayout
+from tessera.engine.kv_types import KV_TYPE_BYTES
 from tessera.errors import TesseraError
 
 #: Bytes per value of each compute dtype.
@@ -38,15 +40,24 @@ def available_bytes() -> int | None:
     return None
 
 
-def kv_cache_bytes(layout: Sequence[KVLayerLayout | None], n_ctx: int, dtype: str) -> int:
+def kv_cache_bytes(
+    layout: Sequence[KVLayerLayout | None],
+    n_ctx: int,
+    dtype: str,
+    type_k: str = "",
+    type_v: str = "",
+) -> int:
     """Bytes of the K and V tensors of ``n_ctx`` cells over ``layout`` (shared layers: none;
-    a V inside K, ``v_in_k``: none of its own)."""
+    a V inside K, ``v_in_k``: none of its own), stored as ``type_k`` / ``type_v`` (a name of
+    :data:`tessera.engine.kv_types.KV_TYPE_BYTES`; "": the compute ``dtype``)."""
+    k_bytes = KV_TYPE_BYTES.get(type_k or dtype, 4)
+    v_bytes = KV_TYPE_BYTES.get(type_v or dtype, 4)
     per_cell = sum(
-        L.n_head_kv * (L.head_dim_k + (0 if L.v_in_k else L.head_dim_v))
+        L.n_head_kv * (L.head_dim_k * k_bytes + (0 if L.v_in_k else L.head_dim_v * v_bytes))
         for L in layout
         if L is not None
     )
-    return n_ctx * per_cell * DTYPE_BYTES.get(dtype, 4)
+    return math.ceil(n_ctx * per_cell)
 
 
 def weight_bytes(
@@ -82,15 +93,24 @@ def _gib(n: int) -> str:
 
 
 def check_kv_cache_fits(
-    layout: Sequence[KVLayerLayout | None], n_ctx: int, dtype: str, available: int | None
+    layout: Sequence[KVLayerLayout | None],
+    n_ctx: int,
+    dtype: str,
+    available: int | None,
+    type_k: str = "",
+    type_v: str = "",
 ) -> None:
     """Raise :class:`OutOfMemoryError` when the KV cache would not fit in ``available``."""
-    need = kv_cache_bytes(layout, n_ctx, dtype)
+    need = kv_cache_bytes(layout, n_ctx, dtype, type_k, type_v)
     if available is not None and need > available:
         n_layers = sum(1 for L in layout if L is not None)
+        types = dtype if (type_k or dtype) == (type_v or dtype) == dtype else (
+            f"K {type_k or dtype}, V {type_v or dtype}"
+        )  # fmt: skip
+        smaller = "" if "q8_0" in (type_k, type_v) else ", store it as q8_0 (-ctk/-ctv q8_0)"
         raise OutOfMemoryError(
             f"a context of {n_ctx} tokens needs {_gib(need)} for its KV cache ({n_layers} "
-            f"layers, {dtype}) but this machine has {_gib(available)} available; lower the "
+            f"layers, {types}) but this machine has {_gib(available)} available; lower the "
             f"context size (-c {max(n_ctx * available // max(need, 1) // 2, 1)} would use "
-            "about half of it) or free memory"
+            f"about half of it){smaller} or free memory"
         )

@@ -3,7 +3,9 @@
 A state file is ``magic | u32 format version | u32 header length | JSON header | payload |
 sha256`` where the checksum covers every byte before it. The payload holds the cells'
 positions (int32), the token history (int32), then per cache layer the K and V rows of
-those cells (float32, the backends' ``to_numpy`` form), layer by layer.
+those cells, layer by layer: float32 for a cache in the compute dtype (format 1), and in
+the cache's own type for ``-ctk`` / ``-ctv`` f16 (float16) or q8_0 (its blocks), named by
+the header's ``type_k`` / ``type_v`` (format 2; :func:`tessera.engine.kv_types.encode`).
 
 The tensors move through the backend's batched transfers (``get_n`` / ``set_n``) when its
 probe says yes and ``TESSERA_BATCHED_COPY_DISABLE`` is unset, else through the per-tensor
@@ -28,11 +30,14 @@ import numpy as np
 
 from tessera.contract.backend import Backend
 from tessera.contract.ops import Op
+from tessera.engine.kv_types import decode, encode, encoded_bytes
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.switches import BATCHED_COPY_DISABLE, Choice, choose
 
 MAGIC = b"TSRSTATE"
-FORMAT_VERSION = 1
+#: The newest format this tessera reads; files of caches in the compute dtype are written
+#: as format 1 (what earlier versions read), files with other cache types as format 2.
+FORMAT_VERSION = 2
 #: The variable that moves tensors one at a time (declared in :mod:`tessera.switches`).
 BATCHED_COPY_DISABLE_ENV = BATCHED_COPY_DISABLE.name
 _PREFIX = struct.Struct("<8sII")  # magic, format version, header length
@@ -82,6 +87,12 @@ def _layers(ctx: Any) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in zip(ctx.kv.k, ctx.kv.v, strict=True) if k is not None]
 
 
+def _types(ctx: Any) -> tuple[str, str]:
+    """The K and V cache types of ``ctx`` by name (the compute dtype's for its default)."""
+    dtype = ctx.model.backend.dtype
+    return ctx.kv.type_k or dtype, ctx.kv.type_v or dtype
+
+
 def _seq_cells(ctx: Any, seq_id: int) -> np.ndarray:
     """The cells ``seq_id`` sees, in position order."""
     cells = np.flatnonzero((ctx.kv.seqs & np.uint64(1 << seq_id)) != 0)
@@ -98,6 +109,7 @@ def save_state(
     layers = _layers(ctx)
     tensors = [t for kv in layers for t in kv]
     arrays = get_n(backend, tensors, [cells] * len(tensors))
+    types = _types(ctx)
     header = {
         "model": ctx.model.identity,
         "n_layer": len(layers),
@@ -107,6 +119,9 @@ def save_state(
         "shapes": [list(t.shape[1:]) for t in tensors],
         "rng_state": rng_state,
     }
+    version = 1 if types == (backend.dtype,) * 2 else 2
+    if version == 2:
+        header["type_k"], header["type_v"] = types
     head = json.dumps(header, sort_keys=True).encode()
     h = hashlib.sha256()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,11 +129,11 @@ def save_state(
     try:
         with open(tmp, "wb") as f:
             chunks = [
-                _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)),
+                _PREFIX.pack(MAGIC, version, len(head)),
                 head,
                 ctx.kv.pos[cells].astype("<i4"),
                 np.asarray(tokens, dtype="<i4"),
-                *(np.ascontiguousarray(a, dtype="<f4") for a in arrays),
+                *(encode(a, types[i % 2], backend.dtype) for i, a in enumerate(arrays)),
             ]
             for chunk in chunks:
                 data = memoryview(chunk).cast("B")
@@ -168,23 +183,33 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
     want = [tuple(t.shape[1:]) for kv in layers for t in kv]
     if header.get("n_layer") != len(layers) or shapes != want:
         raise StateFileError(f"'{path}' has a KV cache layout that does not match this model")
-    if header.get("dtype") != model.backend.dtype:
+    dtype = model.backend.dtype
+    if header.get("dtype") != dtype:
         raise StateFileError(
             f"'{path}' was saved with KV cache dtype {header.get('dtype')}, this context uses "
-            f"{model.backend.dtype}; load it with --dtype {header.get('dtype')}"
+            f"{dtype}; load it with --dtype {header.get('dtype')}"
         )
-    sizes = [n_cells, n_tokens] + [n_cells * int(np.prod(s)) for s in shapes]
+    saved = header.get("type_k", dtype), header.get("type_v", dtype)
+    if saved != _types(ctx):
+        raise StateFileError(
+            f"'{path}' holds a KV cache of K {saved[0]}, V {saved[1]}, this context stores "
+            f"K {_types(ctx)[0]}, V {_types(ctx)[1]}; load it with -ctk {saved[0]} -ctv {saved[1]}"
+        )
+    sizes = [4 * n_cells, 4 * n_tokens] + [
+        encoded_bytes(n_cells * int(np.prod(s)), saved[i % 2], dtype) for i, s in enumerate(shapes)
+    ]
     offset = _PREFIX.size + n_head
-    if offset + 4 * sum(sizes) != len(body):
+    if offset + sum(sizes) != len(body):
         raise StateFileError(f"'{path}' has a payload of the wrong size; delete it")
     parts = []
     for size in sizes:
-        parts.append(
-            np.frombuffer(data, dtype="<i4" if len(parts) < 2 else "<f4", count=size, offset=offset)
-        )
-        offset += 4 * size
-    positions, tokens = parts[0], parts[1]
-    arrays = [a.reshape((n_cells, *s)) for a, s in zip(parts[2:], shapes, strict=True)]
+        parts.append(np.frombuffer(data, dtype=np.uint8, count=size, offset=offset))
+        offset += size
+    positions, tokens = parts[0].view("<i4"), parts[1].view("<i4")
+    arrays = [
+        decode(a, saved[i % 2], dtype, (n_cells, *s))
+        for i, (a, s) in enumerate(zip(parts[2:], shapes, strict=True))
+    ]
     if n_cells and (positions.min() < 0 or positions.max() >= ctx.n_ctx):
         raise StateFileError(f"'{path}' holds positions beyond this context's {ctx.n_ctx} tokens")
     if n_tokens and (tokens.min() < 0 or tokens.max() >= model.n_vocab):

@@ -28,6 +28,7 @@ from tessera.testing.conformance.elementwise import (
     tanh_case,
 )
 from tessera.testing.conformance.kit import Case
+from tessera.testing.conformance.kv_store import kv_cache_cases
 from tessera.testing.conformance.matmul import (
     gate_up_swiglu_cases,
     linear_cases,
@@ -65,4 +66,5 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *matmul_heads_cases(qtypes),
         *attention_cases("attention_softcap", sinks=True),
         swiglu_oai_case(),
+        *kv_cache_cases(),
     ]

@@ -58,6 +58,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "matmul_n": 1e-4,
         "gate_up_swiglu": 1e-4,
         "llama-decoder": 1e-4,
+        "kv_cache": 1e-4,
     },
     "f16": {
         "default": 2e-3,
@@ -71,6 +72,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "matmul_n": 1e-2,
         "gate_up_swiglu": 1e-2,
         "llama-decoder": 1e-2,
+        "kv_cache": 1e-2,
     },
     "bf16": {
         "default": 1e-2,
@@ -84,6 +86,7 @@ TOLERANCES: dict[str, dict[str, float]] = {
         "matmul_n": 2e-2,
         "gate_up_swiglu": 2e-2,
         "llama-decoder": 3e-2,
+        "kv_cache": 2e-2,
     },
 }
 
