@@ -52,6 +52,15 @@ _ROUTES = [
     ("/v1/embeddings", "embeddings", "embeddings", ("POST",), False),
     ("/v1/rerank", "embeddings", "rerank", ("POST",), False),
     ("/rerank", "embeddings", "rerank", ("POST",), False),
+    # Ollama's API
+    ("/api/chat", "ollama", "ollama_chat", ("POST",), False),
+    ("/api/generate", "ollama", "ollama_generate", ("POST",), False),
+    ("/api/tags", "ollama_models", "ollama_tags", ("GET",), False),
+    ("/api/ps", "ollama_models", "ollama_ps", ("GET",), False),
+    ("/api/show", "ollama_models", "ollama_show", ("POST",), False),
+    ("/api/embed", "ollama_models", "ollama_embed", ("POST",), False),
+    ("/api/embeddings", "ollama_models", "ollama_embeddings", ("POST",), False),
+    ("/api/version", "ollama_models", "ollama_version", ("GET",), False),
 ]
 
 

@@ -272,3 +272,62 @@ NATIVE_EMBEDDING = _group(
 
 #: POST /props takes no field yet (as llama-server).
 PROPS_UPDATE: dict[str, Field] = {}
+
+# Ollama's API (/api/chat, /api/generate, /api/embed ...): its field names and forms;
+# keep_alive is not declared (unknown fields are ignored): served models stay loaded
+
+OLLAMA_OPTIONS = _group(
+    Field("temperature", "number", "sampling temperature; 0 = greedy", _SAMPLER.temperature, 0, 2),
+    _sampler("top_p", "number", "nucleus sampling mass; 1 = off", 0, 1),
+    _sampler("top_k", "integer", "keep the k most likely tokens; 0 or below = off", None),
+    _sampler("min_p", "number", "drop tokens under min_p x the best; 0 = off", 0, 1),
+    _sampler("repeat_penalty", "number", "penalty for recent tokens; 1 = off", 0, lo_open=True),
+    _sampler("repeat_last_n", "integer", "recent tokens the penalty sees; 0 off, -1 all", -1),
+    Field("seed", "integer", "sampling seed; -1 = random", None, -1, SEED_LIMIT - 1, sampler=True),
+    Field("num_predict", "integer", "most tokens to generate; -1 = until the end", None, -1),
+    Field("num_ctx", "integer", "ignored: the context is the server's -c, set at start", None, 1),
+    Field("stop", "strings", "strings that end the generation (not included in the text)"),
+)  # fmt: skip
+
+_OLLAMA_COMMON = _group(
+    Field("model", "string", "the model to use (a name from /api/tags)", required=True),
+    Field("stream", "boolean", "NDJSON lines as tokens come; false = one object", True),
+    Field("format", "any", "\"json\": the answer is one JSON object",
+          schema={"type": "string", "enum": ["json", ""]}),
+    Field("options", "object", "sampling options by Ollama's names (temperature, num_predict "
+          "...)", schema={"type": "object", "properties": {
+              f.name: f.json_schema() for f in OLLAMA_OPTIONS.values()}}),
+)  # fmt: skip
+
+OLLAMA_CHAT = _OLLAMA_COMMON | _group(
+    Field("messages", "any", "the conversation: objects with a role and content", required=True,
+          schema={"type": "array", "items": _MESSAGE, "minItems": 1}),
+    Field("tools", "any", "functions the model may call",
+          schema={"type": "array", "items": {"type": "object"}}),
+)  # fmt: skip
+
+OLLAMA_GENERATE = _OLLAMA_COMMON | _group(
+    Field("prompt", "string", "the user's text; empty: only load the model", ""),
+    Field("system", "string", "a system message before the prompt"),
+    Field("raw", "boolean", "the prompt as it is, without the chat template", False),
+)  # fmt: skip
+
+OLLAMA_SHOW = _group(
+    Field("model", "string", "the model to describe", required=True),
+    Field("verbose", "boolean", "accepted; the metadata is always complete", False),
+)
+
+OLLAMA_EMBED = _group(
+    Field("model", "string", "the model to use", required=True),
+    Field("input", "strings", "the text(s) to embed", required=True),
+    Field("truncate", "boolean", "accepted; an input longer than the context is refused (400), "
+          "never truncated", True),
+    Field("dimensions", "integer", "keep the first dimensions (Matryoshka)", None, 1),
+    Field("options", "object", "accepted and ignored (embeddings do not sample)"),
+)  # fmt: skip
+
+OLLAMA_EMBEDDINGS = _group(
+    Field("model", "string", "the model to use", required=True),
+    Field("prompt", "string", "the text to embed", required=True),
+    Field("options", "object", "accepted and ignored (embeddings do not sample)"),
+)  # fmt: skip

@@ -129,6 +129,34 @@ _NATIVE_COMPLETION = {"anyOf": [_NATIVE_RESULT, {"type": "array", "items": _NATI
 _RERANKED = {
     "anyOf": [_obj("model", "object", "usage", "results", results=_LIST), {"type": "array"}]
 }
+#: Ollama's routes: one object, or NDJSON lines when streaming (its default)
+_NDJSON = {"application/x-ndjson": {"schema": {"type": "object"}}}
+_OLLAMA_MODELS = _obj("models", models={"type": "array", "items": _obj("name", "model", "size")})
+OLLAMA_OPERATIONS = {
+    "ollama_chat": operation(
+        "Ollama's chat", _obj("model", "created_at", "message", "done"), api_fields.OLLAMA_CHAT,
+        more_ok=_NDJSON,
+    ),
+    "ollama_generate": operation(
+        "Ollama's generate", _obj("model", "created_at", "response", "done"),
+        api_fields.OLLAMA_GENERATE, more_ok=_NDJSON,
+    ),
+    "ollama_tags": operation("Ollama's list of models", _OLLAMA_MODELS),
+    "ollama_ps": operation("Ollama's models in memory", _OLLAMA_MODELS),
+    "ollama_show": operation(
+        "Ollama's model details", _obj("details", "model_info", "capabilities"),
+        api_fields.OLLAMA_SHOW,
+    ),
+    "ollama_embed": operation(
+        "Ollama's embeddings", _obj("model", "embeddings", embeddings=_LIST),
+        api_fields.OLLAMA_EMBED,
+    ),
+    "ollama_embeddings": operation(
+        "Ollama's older embeddings route", _obj("embedding", embedding=_LIST),
+        api_fields.OLLAMA_EMBEDDINGS,
+    ),
+    "ollama_version": operation("the server's version", _obj("version", version=_STRING)),
+}  # fmt: skip
 #: The server plugin's operations by handler name (ServerRoute.name).
 OPERATIONS: dict[str, dict[str, Any]] = {
     "health": operation("200 when every engine serves; 503 with the reason", _obj("status")),
@@ -197,6 +225,7 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         _obj("object", "input_tokens", input_tokens={"type": "integer"}),
         api_fields.CHAT,
     ),
+    **OLLAMA_OPERATIONS,
 }  # fmt: skip
 
 

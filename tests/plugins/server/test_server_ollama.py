@@ -1,0 +1,166 @@
+"""Ollama's API against the official ``ollama`` client: what it lists, shows, chats,
+generates and embeds, compared with tessera's own /v1/chat/completions and
+/v1/embeddings for the same greedy request."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import ollama
+import pytest
+
+MESSAGES = [{"role": "user", "content": "Tell me a story about a dog."}]
+OPTIONS = {"temperature": 0, "num_predict": 12}
+
+
+@pytest.fixture(scope="module")
+def oc(server):
+    return ollama.Client(host=server.url, timeout=120)
+
+
+def _reference(client, messages, max_tokens=12, **kw):
+    return client.chat.completions.create(
+        model="m", messages=messages, max_tokens=max_tokens, temperature=0, **kw
+    )
+
+
+def test_chat_gives_the_text_and_counts_of_chat_completions(oc, client):
+    ref = _reference(client, MESSAGES)
+    out = oc.chat(model="m", messages=MESSAGES, options=OPTIONS)
+    assert out.message.role == "assistant"
+    assert out.message.content == ref.choices[0].message.content
+    assert out.done is True
+    assert out.done_reason == ref.choices[0].finish_reason
+    assert out.prompt_eval_count == ref.usage.prompt_tokens
+    assert out.eval_count == ref.usage.completion_tokens
+    assert out.total_duration >= out.eval_duration > 0
+    assert out.prompt_eval_duration > 0
+    assert out.model == client.models.list().data[0].id
+
+
+def test_streamed_chat_joins_to_the_whole_answer(oc):
+    whole = oc.chat(model="m", messages=MESSAGES, options=OPTIONS)
+    parts = list(oc.chat(model="m", messages=MESSAGES, options=OPTIONS, stream=True))
+    assert len(parts) > 2
+    assert all(p.done is False for p in parts[:-1])
+    assert parts[-1].done is True
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].eval_count == whole.eval_count
+    assert parts[-1].prompt_eval_count == whole.prompt_eval_count
+
+
+def test_generate_is_one_user_turn_and_system_goes_first(oc, client):
+    ref = _reference(client, MESSAGES)
+    out = oc.generate(model="m", prompt=MESSAGES[0]["content"], options=OPTIONS)
+    assert out.response == ref.choices[0].message.content
+    assert out.eval_count == ref.usage.completion_tokens
+    assert out.prompt_eval_count == ref.usage.prompt_tokens
+    system = [{"role": "system", "content": "You are terse."}, *MESSAGES]
+    ref = _reference(client, system)
+    out = oc.generate(
+        model="m", prompt=MESSAGES[0]["content"], system="You are terse.", options=OPTIONS
+    )
+    assert out.response == ref.choices[0].message.content
+    streamed = oc.generate(model="m", prompt="Once upon", options=OPTIONS, stream=True)
+    whole = oc.generate(model="m", prompt="Once upon", options=OPTIONS)
+    assert "".join(p.response for p in streamed) == whole.response
+
+
+def test_raw_generate_continues_the_prompt_as_a_completion(oc, client):
+    ref = client.completions.create(
+        model="m", prompt="Once upon a time", max_tokens=10, temperature=0
+    )
+    out = oc.generate(
+        model="m",
+        prompt="Once upon a time",
+        raw=True,
+        options={"temperature": 0, "num_predict": 10},
+    )
+    assert out.response == ref.choices[0].text
+    assert out.eval_count == ref.usage.completion_tokens
+    assert out.done_reason == ref.choices[0].finish_reason
+
+
+def test_an_empty_prompt_only_loads_the_model(oc):
+    out = oc.generate(model="m", prompt="")
+    assert (out.done, out.done_reason, out.response) == (True, "load", "")
+
+
+def test_options_are_the_sampling_fields(oc, client):
+    ref = _reference(client, MESSAGES, max_tokens=24, stop=["the"])
+    out = oc.chat(model="m", messages=MESSAGES, options={**OPTIONS, "num_predict": 24,
+                                                        "stop": ["the"]})  # fmt: skip
+    assert out.message.content == ref.choices[0].message.content
+    seeded = {"temperature": 1.0, "seed": 5, "num_predict": 16, "top_k": 20, "min_p": 0.05}
+    a = oc.chat(model="m", messages=MESSAGES, options=seeded).message.content
+    b = oc.chat(model="m", messages=MESSAGES, options=seeded).message.content
+    assert a == b
+    ref = client.chat.completions.create(
+        model="m", messages=MESSAGES, max_tokens=16, temperature=1.0, seed=5,
+        extra_body={"top_k": 20, "min_p": 0.05},
+    )  # fmt: skip
+    assert a == ref.choices[0].message.content
+
+
+def test_num_ctx_is_ignored(oc):
+    plain = oc.chat(model="m", messages=MESSAGES, options=OPTIONS)
+    other = oc.chat(model="m", messages=MESSAGES, options={**OPTIONS, "num_ctx": 64})
+    assert other.message.content == plain.message.content
+
+
+def test_format_json_gives_json(oc):
+    out = oc.chat(
+        model="m", messages=MESSAGES, format="json", options={"temperature": 1.0, "seed": 3,
+                                                               "num_predict": 200}
+    )  # fmt: skip
+    text = out.message.content
+    if out.done_reason == "stop":
+        assert isinstance(json.loads(text), dict)
+    else:  # cut by num_predict: still the start of an object
+        assert text.lstrip().startswith("{")
+
+
+def test_a_bad_option_is_a_400_naming_it(oc):
+    with pytest.raises(ollama.ResponseError) as info:
+        oc.chat(model="m", messages=MESSAGES, options={"temperature": 7})
+    assert info.value.status_code == 400
+    assert "temperature" in str(info.value)
+    with pytest.raises(ollama.ResponseError) as info:
+        oc.chat(model="m", messages=MESSAGES, format={"type": "object"})
+    assert info.value.status_code == 400
+
+
+def test_list_show_and_ps_describe_the_served_model(oc, server):
+    served = server.model
+    (entry,) = oc.list().models
+    assert entry.model == served.name
+    assert entry.digest == served.model.identity
+    assert entry.details.family == served.model.arch.names[0]
+    shown = oc.show(served.name)
+    assert shown.details.family == served.model.arch.names[0]
+    assert shown.modelinfo["general.architecture"] == served.model.metadata["general.architecture"]
+    assert shown.template == served.model.metadata["tokenizer.chat_template"]
+    assert "completion" in shown.capabilities
+    (running,) = oc.ps().models
+    assert running.model == served.name
+    assert running.context_length == served.engine.ctx.n_ctx
+
+
+def test_version_is_the_package_version(server):
+    from tessera import __version__
+
+    with urllib.request.urlopen(server.url + "/api/version", timeout=30) as r:
+        assert json.loads(r.read()) == {"version": __version__}
+
+
+def test_embed_gives_the_vectors_of_v1_embeddings(oc, client):
+    texts = ["a small dog", "the sea at night"]
+    ref = client.embeddings.create(model="m", input=texts)
+    out = oc.embed(model="m", input=texts)
+    assert len(out.embeddings) == 2
+    for got, want in zip(out.embeddings, ref.data, strict=True):
+        assert got == pytest.approx(want.embedding, abs=1e-6)
+    assert out.prompt_eval_count == ref.usage.prompt_tokens
+    one = oc.embeddings(model="m", prompt=texts[0])
+    assert one.embedding == pytest.approx(ref.data[0].embedding, abs=1e-6)
