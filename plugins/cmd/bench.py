@@ -1,13 +1,15 @@
 """``tessera bench``: prompt processing and generation speed, like llama.cpp's llama-bench.
 
-Every combination of the list flags (``-b``, ``-ub``, ``-t``, ``-fa``, ``--prune``) is one
-instance; every instance runs the tests ``pp<n>`` for each ``-p`` value and ``tg<n>`` for
-each ``-n`` value (``0`` skips that kind), ``-r`` times, and reports mean ± standard
-deviation of tokens/s, as llama-bench:
+Every combination of the list flags (``-b``, ``-ub``, ``-t``, ``-fa``, ``--prune``, ``-ctk``,
+``-ctv``) is one instance; every instance runs the tests ``pp<n>`` for each ``-p`` value and
+``tg<n>`` for each ``-n`` value (``0`` skips that kind) at each ``-d`` depth, ``-r`` times,
+and reports mean ± standard deviation of tokens/s, as llama-bench:
 
-- ``pp<n>``: ``n`` random tokens decoded into an empty cache in ``-b`` chunks, logits for
-  the last token only (so KV-shared layers can be pruned);
-- ``tg<n>``: ``n`` tokens decoded one at a time into an empty cache.
+- ``pp<n>``: ``n`` random tokens decoded in ``-b`` chunks, logits for the last token only
+  (so KV-shared layers can be pruned);
+- ``tg<n>``: ``n`` tokens decoded one at a time;
+- both into an empty cache, or (``pp<n> @ d<d>``) after ``d`` random tokens decoded first,
+  untimed: speed at a depth of context.
 
 A warm-up pp and tg run first (``--no-warmup`` skips them). The tests run one after the
 other; within a test, repetitions are interleaved across instances (rep 1 of every
@@ -36,6 +38,7 @@ import attrs
 import numpy as np
 
 from tessera.contract.commands import Command
+from tessera.engine.kv_types import KV_TYPE_BYTES
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 from tessera.plugins.cmd.bench_output import OUTPUT_FORMATS, Printer, test_record
@@ -82,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("-p", "--n-prompt", type=_list(int), default=[512], help="prompt sizes (pp)")
     g.add_argument("-n", "--n-gen", type=_list(int), default=[128], help="generation sizes (tg)")
+    g.add_argument(
+        "-d", "--n-depth", type=_list(int), default=[0], help="tokens in the cache before a test"
+    )
     g.add_argument("-r", "--repetitions", type=int, default=5, help="runs of each test")
     g.add_argument("-t", "--threads", type=_list(int), default=[0], help="threads (0 = default)")
     g.add_argument(
@@ -97,6 +103,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prune", type=_list(str, _SWITCH), default=["on"], help="prefill pruning: on,off"
     )
     g.add_argument("--no-prune", action="store_true", help="same as --prune off")
+    for part in ("k", "v"):
+        kinds = _list(str, dict(zip(KV_TYPE_BYTES, KV_TYPE_BYTES, strict=True)))
+        g.add_argument(f"-ct{part}", f"--cache-type-{part}", type=kinds, default=[""],
+                       help=f"{part.upper()} cache types (default: the compute dtype)")  # fmt: skip
     g.add_argument("-o", "--output", choices=OUTPUT_FORMATS, default="md", help="output format")
     g.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     g.add_argument("--backend", default=None, help="backend plugin (default: best available)")
@@ -115,6 +125,8 @@ class Instance:
     n_threads: int
     flash_attn: str
     prune: str
+    type_k: str = ""
+    type_v: str = ""
 
 
 @attrs.define
@@ -125,6 +137,8 @@ class Test:
     n_prompt: int
     n_gen: int
     samples_ns: list[int] = attrs.field(factory=list)
+    #: Tokens decoded into the cache before the timed part (llama-bench's -d), untimed.
+    n_depth: int = 0
     pruned: bool = False
     kv_path: str = ""
     prune_reason: str = ""
@@ -133,7 +147,8 @@ class Test:
 
     @property
     def name(self) -> str:
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name  # llama-bench's names
 
 
 def instances(args: argparse.Namespace) -> list[Instance]:
@@ -141,8 +156,9 @@ def instances(args: argparse.Namespace) -> list[Instance]:
     if "auto" in prune:
         raise TesseraError("--prune takes on or off, not auto")
     combos = itertools.product(
-        args.batch_size, args.ubatch_size, args.threads, args.flash_attn, prune
-    )
+        args.batch_size, args.ubatch_size, args.threads, args.flash_attn, prune,
+        getattr(args, "cache_type_k", [""]), getattr(args, "cache_type_v", [""]),
+    )  # fmt: skip
     return [Instance(*c) for c in combos]
 
 
@@ -157,6 +173,8 @@ def _context(model: Any, inst: Instance, n_ctx: int) -> Any:
         n_ubatch=min(inst.n_ubatch, inst.n_batch),
         flash_attn=inst.flash_attn,
         prune=inst.prune == "on",
+        type_k=inst.type_k,
+        type_v=inst.type_v,
     )
     if inst.n_threads > 0:
         model.backend.set_threads(inst.n_threads)
@@ -164,25 +182,23 @@ def _context(model: Any, inst: Instance, n_ctx: int) -> Any:
 
 
 def run_test(ctx: Any, test: Test, rng: np.random.Generator) -> int:
-    """Run ``test`` once on an empty cache; return its wall time in nanoseconds."""
+    """Run ``test`` once on an empty cache (``n_depth`` tokens decoded into it first,
+    untimed); return the wall time of the test itself in nanoseconds."""
     from tessera.engine.batch import Batch
 
     n_vocab = ctx.model.n_vocab
     ctx.kv.clear()
+    depth = test.n_depth
+    if depth:
+        _prefill(ctx, rng.integers(0, n_vocab, depth), 0)
     pruned = False
     cache = _expert_cache(ctx.model)
     before = cache.stats() if cache is not None else None
     t0 = time.perf_counter_ns()
     if test.n_prompt:
-        tokens = rng.integers(0, n_vocab, test.n_prompt)
-        n_batch = ctx.params.n_batch
-        for start in range(0, test.n_prompt, n_batch):
-            last = start + n_batch >= test.n_prompt
-            chunk = tokens[start : start + n_batch]
-            ctx.decode(Batch.for_sequence(chunk, start, 0, "last" if last else "none"))
-            pruned = pruned or bool(getattr(ctx.model.graph, "last_pruned", False))
+        pruned = _prefill(ctx, rng.integers(0, n_vocab, test.n_prompt), depth)
     for pos in range(test.n_gen):
-        ctx.decode(Batch.for_sequence(rng.integers(0, n_vocab, 1), test.n_prompt + pos))
+        ctx.decode(Batch.for_sequence(rng.integers(0, n_vocab, 1), depth + test.n_prompt + pos))
     elapsed = time.perf_counter_ns() - t0
     ctx.kv.clear()
     test.pruned = test.pruned or pruned
@@ -190,6 +206,20 @@ def run_test(ctx: Any, test: Test, rng: np.random.Generator) -> int:
         after, sums = cache.stats(), test.moe_cache or dict.fromkeys(CACHE_COUNTERS, 0)
         test.moe_cache = {k: sums[k] + after[k] - before[k] for k in CACHE_COUNTERS}
     return elapsed
+
+
+def _prefill(ctx: Any, tokens: np.ndarray, start: int) -> bool:
+    """``tokens`` at positions ``start ...`` in ``n_batch`` chunks, logits for the last one
+    only; whether a chunk was pruned."""
+    from tessera.engine.batch import Batch
+
+    pruned, n_batch = False, ctx.params.n_batch
+    for at in range(0, len(tokens), n_batch):
+        last = at + n_batch >= len(tokens)
+        chunk = tokens[at : at + n_batch]
+        ctx.decode(Batch.for_sequence(chunk, start + at, 0, "last" if last else "none"))
+        pruned = pruned or bool(getattr(ctx.model.graph, "last_pruned", False))
+    return pruned
 
 
 #: The expert cache's counters a test reports (deltas over its timed runs).
@@ -203,8 +233,9 @@ def _expert_cache(model: Any) -> Any:
 
 def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
     """Every test on every instance of ``model``; each test's rows as soon as it is done."""
-    sizes = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
-    n_ctx = max([p + n for p, n in sizes] + [16])
+    sizes = [(p, 0, d) for d in args.n_depth for p in args.n_prompt if p]
+    sizes += [(0, n, d) for d in args.n_depth for n in args.n_gen if n]
+    n_ctx = max([p + n + d for p, n, d in sizes] + [16])
     rng = np.random.default_rng(args.seed)
     contexts = []
     for inst in instances(args):
@@ -212,11 +243,12 @@ def bench_model(model: Any, args: argparse.Namespace, printer: Printer) -> None:
         if not args.no_warmup and sizes:
             run_test(ctx, Test(inst, min(n_ctx - 1, 32), 1), rng)
         contexts.append((inst, ctx))
-    for n_prompt, n_gen in sizes:
+    for n_prompt, n_gen, n_depth in sizes:
         runs = [
-            (Test(inst, n_prompt, n_gen, kv_path=ctx.kv_path, prune_reason=ctx.prune_reason), ctx)
+            (Test(inst, n_prompt, n_gen, kv_path=ctx.kv_path, prune_reason=ctx.prune_reason,
+                  n_depth=n_depth), ctx)
             for inst, ctx in contexts
-        ]
+        ]  # fmt: skip
         for rep in range(max(args.repetitions, 1)):
             # Alternate the order per repetition: a drift in machine load hits every instance.
             for test, ctx in runs if rep % 2 == 0 else runs[::-1]:

@@ -217,3 +217,41 @@ def test_list_flags_out_of_range_are_refused_when_parsed(capsys, argv, message):
         parser.parse_args(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_depth_and_cache_types_as_llama_bench(gemma4_gguf, capsys):
+    """-d runs each test after that many tokens in the cache (named as llama-bench names
+    them, n_depth in the record); -ctk/-ctv are list flags of the instance."""
+    out = _run(capsys, "-m", str(gemma4_gguf), "-p", "4", "-n", "2", "-d", "0,8", "-r", "1",
+               "-ctk", "f32,f16", "-o", "json")  # fmt: skip
+    records = json.loads(out)
+    assert [(r["test"], r["n_depth"], r["type_k"], r["type_v"]) for r in records] == [
+        ("pp4", 0, "f32", "f32"), ("pp4", 0, "f16", "f32"),
+        ("pp4 @ d8", 8, "f32", "f32"), ("pp4 @ d8", 8, "f16", "f32"),
+        ("tg2", 0, "f32", "f32"), ("tg2", 0, "f16", "f32"),
+        ("tg2 @ d8", 8, "f32", "f32"), ("tg2 @ d8", 8, "f16", "f32"),
+    ]  # fmt: skip
+
+
+def test_the_depth_is_decoded_before_the_timed_part(monkeypatch):
+    """The depth's tokens go in first (positions 0 .. d-1, in -b chunks), then the test's."""
+    import numpy as np
+
+    seen = []  # (positions of a batch, whether the clock had started)
+    started = []
+
+    class Ctx:
+        params = argparse.Namespace(n_batch=4)
+        model = argparse.Namespace(n_vocab=10, graph=None, experts=None)
+        kv = argparse.Namespace(clear=lambda: None)
+
+        def decode(self, batch):
+            seen.append((batch.positions.tolist(), bool(started)))
+
+    clock = iter(range(10))
+    monkeypatch.setattr(bench.time, "perf_counter_ns", lambda: started.append(1) or next(clock))
+    inst = bench.Instance(4, 4, 0, "auto", "on")
+    bench.run_test(Ctx(), bench.Test(inst, 3, 2, n_depth=6), np.random.default_rng(0))
+    assert seen == [
+        ([0, 1, 2, 3], False), ([4, 5], False), ([6, 7, 8], True), ([9], True), ([10], True),
+    ]  # fmt: skip
