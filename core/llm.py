@@ -83,6 +83,7 @@ class LLM:
             model if model is not None else default_model_path(),
             runtime,
             backend,
+            progress=True,  # a bar on a terminal's stderr only (never in a notebook or a log)
             device=device,
             dtype=dtype,
         )

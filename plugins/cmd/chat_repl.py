@@ -70,8 +70,13 @@ class ChatRepl:
         """Read and answer until the user leaves; the exit code (0)."""
         interrupted = False  # the last thing at the prompt was a Ctrl-C
         while True:
+            # one try around the whole turn: a Ctrl-C that lands between the prompt and an
+            # answer (typed quickly after the hint) counts as one at the prompt
             try:
                 line = self.read_line(self.prompt)
+                interrupted = False
+                if self.handle(line.strip()) == EXIT:
+                    return 0
             except EOFError:
                 self.out.write("\n")
                 return 0
@@ -80,17 +85,18 @@ class ChatRepl:
                     self.out.write("\n")
                     return 0
                 interrupted = True
-                self._note("\n(Ctrl-C again, Ctrl-D or /exit to leave)")
-                continue
-            interrupted = False
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("/"):
-                if self.command(line) == EXIT:
+                try:
+                    self._note("\n(Ctrl-C again, Ctrl-D or /exit to leave)")
+                except KeyboardInterrupt:
                     return 0
-                continue
+
+    def handle(self, line: str) -> str | None:
+        """A question is answered, a ``/command`` run, a blank line ignored."""
+        if line.startswith("/"):
+            return self.command(line)
+        if line:
             self.answer(line)
+        return None
 
     def command(self, line: str) -> str | None:
         """Run one ``/command``; :data:`EXIT` to leave. A bad one is an ``error:`` line."""

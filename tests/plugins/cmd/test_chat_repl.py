@@ -23,9 +23,12 @@ def _repl(lines, n_predict=8, n_ctx=512):
 
     def read_line(prompt):
         try:
-            return next(feed)
+            item = next(feed)
         except StopIteration:
             raise EOFError from None
+        if isinstance(item, BaseException):  # a key the test presses at the prompt
+            raise item
+        return item
 
     ctx = Context(default_model(), ContextParams(n_ctx=n_ctx))
     out, err = io.StringIO(), io.StringIO()
@@ -105,3 +108,21 @@ def test_a_template_that_refuses_the_conversation_is_an_error_line_and_no_turn()
         err.getvalue()
     )
     assert repl.conversation.turns == [] and out.getvalue() == ""
+
+
+def test_ctrl_c_twice_at_the_prompt_leaves_and_once_only_warns():
+    repl, _, err = _repl([KeyboardInterrupt(), "Hi", KeyboardInterrupt(), KeyboardInterrupt()])
+    assert repl.run() == 0
+    assert err.getvalue().count("Ctrl-C again") == 2  # the question between reset the count
+    assert repl.conversation.turns[0] == user("Hi")
+
+
+def test_a_ctrl_c_between_the_prompt_and_an_answer_counts_as_one_at_the_prompt(monkeypatch):
+    repl, _, err = _repl(["Hi", KeyboardInterrupt()])
+
+    def interrupted(question):  # the key lands after the line was read, before any answer
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(repl, "answer", interrupted)
+    assert repl.run() == 0  # the hint, then the second Ctrl-C leaves: no traceback, exit 0
+    assert "Ctrl-C again" in err.getvalue()

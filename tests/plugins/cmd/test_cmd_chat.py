@@ -64,8 +64,8 @@ def test_two_turns_save_clear_and_load(chat, tmp_path):
 
 
 def test_ctrl_c_stops_the_answer_and_the_next_question_is_answered(chat, tmp_path):
-    whole = greedy_answer([user(Q1)], 48, ignore_eos=True)
-    s = chat("-n", "48", "--ignore-eos")
+    whole = greedy_answer([user(Q1)], 120, ignore_eos=True)
+    s = chat("-n", "120", "--ignore-eos")  # long enough to be cut on a fast machine
     s.expect("> ")
     s.line(Q1)
     s.expect(Q1 + "\n")  # the echo of the line typed
@@ -80,7 +80,7 @@ def test_ctrl_c_stops_the_answer_and_the_next_question_is_answered(chat, tmp_pat
     assert cut["role"] == "assistant" and 0 < len(cut["content"]) < len(whole)
     assert whole.startswith(cut["content"])
     s.line(Q2)
-    s.expect(greedy_answer([user(Q1), cut, user(Q2)], 48, ignore_eos=True) + "\n> ")
+    s.expect(greedy_answer([user(Q1), cut, user(Q2)], 120, ignore_eos=True) + "\n> ")
     s.interrupt()  # at the prompt: a hint, then a second Ctrl-C leaves
     s.expect("Ctrl-C again")
     s.interrupt()
