@@ -1,12 +1,11 @@
 """Text <-> token ids, exactly as llama.cpp computes them, for GGUF and Hugging Face vocabularies.
 
 A GGUF file carries its vocabulary as ``tokenizer.*`` metadata. :class:`Tokenizer` rebuilds the
-model it names with the HF ``tokenizers`` library — byte-level BPE (``gpt2``), SentencePiece-style
-BPE over scores (``llama``) or WordPiece (``bert``) — and applies llama.cpp's rules around it:
-special tokens are cut out of the text first (longest first; control tokens only when asked),
-SentencePiece text gets the ``▁`` space marker and a prefix space after every special token,
-byte-level BPE text is pre-split by the regexes llama.cpp picks from ``tokenizer.ggml.pre``, and
-BERT text is normalized the way llama.cpp's WPM tokenizer does it.
+tokenizer it names — SentencePiece-style BPE over scores (``llama``), BPE after a pre-tokenizer
+split (``gpt2`` and the other BPE kinds), WordPiece (``bert``), Unigram (``t5``), RWKV's greedy
+trie or PLaMo-2's table — and applies llama.cpp's rules around it: special tokens are cut out
+of the text first (longest first; control tokens only when asked), and BOS/EOS/SEP are added
+as llama.cpp adds them for that kind.
 
 Decoding joins each token's bytes (llama.cpp's ``token_to_piece``) and drops the one prefix space
 the encoder added; llama.cpp's optional "clean spaces" rewrite of BPE output (removing the space
@@ -20,24 +19,29 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tessera.text.bpe_sessions import DNA_KMER_MARKER
 from tessera.text.hf_tokenizer import hf_dir_metadata
-from tessera.text.pre import PreTokenizer, pick_pre_tokenizer
+from tessera.text.pre import PreTokenizer
 from tessera.text.stream import StreamDecoder
+from tessera.text.tokenizer_kinds import build_model, render_token
 from tessera.text.vocab import (
-    SPACE_MARKER,
-    SPECIAL_TYPES,
-    SUPPORTED_MODELS,
+    HIDDEN,
+    SPECIAL,
+    TokenAttr,
     TokenizerError,
     TokenType,
-    find_eog,
+    apply_load_rules,
+    apply_strip_attrs,
     special_ids,
-    strip_sets,
+    token_attrs,
 )
-from tessera.text.vocab_models import CHAR_TO_BYTE, byte_level_bpe, spm_bpe, wordpiece, wpm_words
+from tessera.text.vocab_config import vocab_config
 
 __all__ = ["Tokenizer", "TokenizerError", "TokenType"]
 
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around lstrip/rstrip special tokens
+# The kinds whose encode llama.cpp frames with BOS/EOS (WPM always adds BOS and SEP instead).
+_FRAMED = ("spm", "bpe", "ugm")
 
 
 class Tokenizer:
@@ -45,72 +49,63 @@ class Tokenizer:
 
     def __init__(self, metadata: Mapping[str, Any]) -> None:
         self._meta = {k: v for k, v in metadata.items() if k.startswith("tokenizer.")}
-        model = metadata.get("tokenizer.ggml.model")
-        tokens = metadata.get("tokenizer.ggml.tokens")
-        if model is None or tokens is None:
-            raise TokenizerError(
-                "the model has no tokenizer (no tokenizer.ggml.model / tokenizer.ggml.tokens "
-                "metadata); use a GGUF converted with its vocabulary or pass a tokenizer folder"
-            )
-        if model not in SUPPORTED_MODELS:
-            raise TokenizerError(
-                f"tokenizer model '{model}' is not supported (supported: "
-                f"{', '.join(SUPPORTED_MODELS)}); use a model with one of those vocabularies"
-            )
-        self.model: str = model
-        self._tokens: list[str] = list(tokens)
+        config = vocab_config(metadata)
+        self.config = config
+        self.model: str = config.model
+        # llama.cpp names empty tokens so that every token has a text
+        self._tokens = [
+            t or f"[EMPTY_{i}]" for i, t in enumerate(metadata["tokenizer.ggml.tokens"])
+        ]
         n = len(self._tokens)
-        types = metadata.get("tokenizer.ggml.token_type") or [TokenType.NORMAL] * n
-        self._types: list[int] = [int(t) for t in types[:n]]
         self._ids: dict[str, int] = {}
         for i, text in enumerate(self._tokens):
             self._ids.setdefault(text, i)  # llama.cpp rejects duplicates; keep the first
+        if config.model == "hybriddna" and "<oov>" in self._ids:
+            # the k-mers after <oov> render without the marker that keeps their ids apart
+            for i in range(self._ids["<oov>"] + 1, n):
+                if len(self._tokens[i]) > 1 and self._tokens[i].endswith(DNA_KMER_MARKER):
+                    self._tokens[i] = self._tokens[i][:-1]
+        self._attrs = token_attrs(metadata.get("tokenizer.ggml.token_type"), n)
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
-        self.add_space_prefix = bool(
-            metadata.get("tokenizer.ggml.add_space_prefix", model == "llama")
+        self.add_space_prefix = config.add_space_prefix
+        self.pre: PreTokenizer | None = config.pre
+        ids = special_ids(
+            metadata, config.model, n, default_bos=config.pre is None or config.pre.has_bos
         )
-        self.pre: PreTokenizer | None = (
-            pick_pre_tokenizer(metadata.get("tokenizer.ggml.pre")) if model == "gpt2" else None
+        self.eog_ids = apply_load_rules(self._tokens, self._ids, self._attrs, ids)
+        self.special = ids
+        self.bos_id: int | None = ids["bos"]
+        self.eos_id: int | None = ids["eos"]
+        self.eot_id: int | None = ids["eot"]
+        self.eom_id: int | None = ids["eom"]
+        self.unk_id: int | None = ids["unk"]
+        self.sep_id: int | None = ids["sep"]
+        self.pad_id: int | None = ids["pad"]
+        self.mask_id: int | None = ids["mask"]
+        self.add_bos, self.add_eos, self.add_sep = config.add_bos, config.add_eos, config.add_sep
+        framed = config.kind in _FRAMED
+        self._bos_on_encode = (
+            self.bos_id if config.kind == "wpm" or (framed and self.add_bos) else None
         )
-        special = special_ids(metadata, model, n, has_bos=self.pre is None or self.pre.has_bos)
-        self.bos_id: int | None = special["bos"]
-        self.eos_id: int | None = special["eos"]
-        self.eot_id: int | None = special["eot"]
-        self.eom_id: int | None = special["eom"]
-        self.unk_id: int | None = special["unk"]
-        self.sep_id: int | None = special["sep"]
-        self.pad_id: int | None = special["pad"]
-        self.mask_id: int | None = special["mask"]
-        self.add_bos = bool(
-            metadata.get(
-                "tokenizer.ggml.add_bos_token",
-                model in ("llama", "bert") or (self.pre is not None and self.pre.add_bos),
-            )
-        )
-        self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
-        self.add_sep = bool(metadata.get("tokenizer.ggml.add_sep_token", model == "bert"))
-        for flag, tid, what in (
-            (self.add_bos, self.bos_id, "BOS"),
-            (self.add_eos, self.eos_id, "EOS"),
-            (self.add_sep, self.sep_id, "SEP"),
+        self._eos_on_encode = self.eos_id if framed and self.add_eos else None
+        self._sep_on_encode = self.sep_id if config.kind == "wpm" else None
+        for needed, tid, what in (
+            (config.kind == "wpm" or (framed and self.add_bos), self.bos_id, "BOS"),
+            (framed and self.add_eos, self.eos_id, "EOS"),
+            (config.kind == "wpm", self.sep_id, "SEP"),
         ):
-            if flag and tid is None:
+            if needed and tid is None:
                 raise TokenizerError(
                     f"the vocabulary asks for a {what} token but names none; fix the "
                     f"tokenizer.ggml.add_*_token / *_token_id metadata"
                 )
-        self._wpm_lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
-        self._wpm_strip_accents = bool(
-            metadata.get("tokenizer.ggml.normalizer.strip_accents", self._wpm_lowercase)
-        )
-        self.eog_ids = find_eog(self._ids, self._types, (self.eos_id, self.eot_id, self.eom_id))
-        self._lstrip, self._rstrip = strip_sets(self._ids, self._types, metadata)
         # Tokens cut out of raw text before the model runs: longest first, as llama.cpp does.
         self._cut_order = sorted(
-            (i for i in range(n) if self._types[i] in SPECIAL_TYPES),
+            (i for i in range(n) if self._attrs[i] & SPECIAL),
             key=lambda i: (-len(self._tokens[i].encode()), i),
         )
-        self._hf = self._build_model(metadata)
+        apply_strip_attrs(self._ids, self._attrs, metadata)
+        self._model = build_model(config, self._tokens, self._ids, self._attrs, ids, metadata)
         self._piece_cache: dict[int, bytes] = {}
 
     # -- construction ---------------------------------------------------------------------
@@ -135,15 +130,6 @@ class Tokenizer:
             return cls.from_hf_dir(path)
         return cls.from_gguf_metadata(read_gguf(path).metadata)
 
-    def _build_model(self, metadata: Mapping[str, Any]) -> Any:
-        if self.model == "gpt2":
-            assert self.pre is not None
-            return byte_level_bpe(self._ids, metadata.get("tokenizer.ggml.merges"), self.pre)
-        if self.model == "llama":
-            scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(self._tokens)
-            return spm_bpe(self._tokens, self._ids, scores, self.unk_id)
-        return wordpiece(self._ids, self.unk_id)
-
     # -- properties -------------------------------------------------------------------------
 
     @property
@@ -151,7 +137,16 @@ class Tokenizer:
         return len(self._tokens)
 
     def token_type(self, token_id: int) -> TokenType:
-        return TokenType(self._types[token_id])
+        """The token's type after llama.cpp's retyping (a control token wins over the rest)."""
+        attr = self._attrs[token_id]
+        for bit, kind in _ATTR_TYPES:
+            if attr & bit:
+                return kind
+        return TokenType.UNUSED
+
+    def token_attr(self, token_id: int) -> TokenAttr:
+        """llama.cpp's attribute bits of the token, after its retyping on load."""
+        return TokenAttr(self._attrs[token_id])
 
     def token_text(self, token_id: int) -> str:
         """The token as the vocabulary spells it (``▁``, byte-level characters and all)."""
@@ -166,7 +161,7 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         """Control and unknown tokens: hidden by ``decode(skip_special=True)``."""
-        return self._types[token_id] in (TokenType.CONTROL, TokenType.UNKNOWN)
+        return bool(self._attrs[token_id] & HIDDEN)
 
     def gguf_metadata(self) -> dict[str, Any]:
         """The ``tokenizer.*`` GGUF keys that describe this tokenizer."""
@@ -175,47 +170,35 @@ class Tokenizer:
     # -- encoding ---------------------------------------------------------------------------
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Token ids of ``text``; BOS/EOS/SEP are added per the model's flags if add_special."""
+        """Token ids of ``text``; BOS/EOS/SEP are added as llama.cpp adds them if add_special."""
         out: list[int] = []
-        if add_special and self.add_bos:
-            out.append(self.bos_id)  # type: ignore[arg-type]
-        prev_special = True  # SentencePiece prefixes a space at the start and after specials
+        if add_special and self._bos_on_encode is not None:
+            out.append(self._bos_on_encode)
+        after_special = True  # SentencePiece prefixes a space at the start and after specials
         for frag in self._partition(text, parse_special):
             if isinstance(frag, int):
                 out.append(frag)
-                prev_special = True
-                continue
-            if self.model == "llama":
-                if self.add_space_prefix and prev_special:
-                    frag = " " + frag
-                out += self._hf.encode(
-                    frag.replace(" ", SPACE_MARKER), add_special_tokens=False
-                ).ids
-            elif self.model == "gpt2":
-                out += self._hf.encode(frag, add_special_tokens=False).ids
+                after_special = True
             else:
-                words = wpm_words(frag, self._wpm_lowercase, self._wpm_strip_accents)
-                if words:
-                    out += self._hf.encode(
-                        words, is_pretokenized=True, add_special_tokens=False
-                    ).ids
-            prev_special = False
-        if add_special and self.add_eos:
-            out.append(self.eos_id)  # type: ignore[arg-type]
-        if add_special and self.add_sep:
-            out.append(self.sep_id)  # type: ignore[arg-type]
+                out += self._model.encode(frag, after_special)
+                after_special = False
+        if add_special and self._eos_on_encode is not None:
+            out.append(self._eos_on_encode)
+        if add_special and self._sep_on_encode is not None:
+            out.append(self._sep_on_encode)
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special tokens out of the text: a list of raw-text pieces and token ids."""
         frags: list[str | int] = [text] if text else []
         for tid in self._cut_order:
-            if not parse_special and self._types[tid] != TokenType.USER_DEFINED:
+            attr = self._attrs[tid]
+            if not parse_special and attr & HIDDEN:
                 continue  # control/unknown tokens are plain text unless parse_special
             tok = self._tokens[tid]
             if tok not in text:
                 continue
-            lstrip, rstrip = tid in self._lstrip, tid in self._rstrip
+            lstrip, rstrip = attr & TokenAttr.LSTRIP, attr & TokenAttr.RSTRIP
             new: list[str | int] = []
             for frag in frags:
                 if isinstance(frag, int) or tok not in frag:
@@ -240,25 +223,15 @@ class Tokenizer:
         """The bytes a token stands for (llama.cpp's token_to_piece with special=true)."""
         piece = self._piece_cache.get(token_id)
         if piece is None:
-            piece = self._piece_cache[token_id] = self._render(token_id)
+            if not 0 <= token_id < len(self._tokens):
+                raise TokenizerError(
+                    f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1}); "
+                    "pass ids produced by this model's tokenizer"
+                )
+            piece = self._piece_cache[token_id] = render_token(
+                self.config, self._tokens[token_id], self._attrs[token_id], token_id
+            )
         return piece
-
-    def _render(self, token_id: int) -> bytes:
-        if not 0 <= token_id < len(self._tokens):
-            raise TokenizerError(
-                f"token id {token_id} is outside the vocabulary (0..{len(self._tokens) - 1}); "
-                "pass ids produced by this model's tokenizer"
-            )
-        text, kind = self._tokens[token_id], self._types[token_id]
-        if kind in SPECIAL_TYPES:
-            return text.encode()
-        if kind == TokenType.BYTE and text.startswith("<0x") and len(text) == 6:
-            return bytes([int(text[3:5], 16)])
-        if self.model == "gpt2":
-            return b"".join(
-                bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode() for c in text
-            )
-        return text.replace(SPACE_MARKER, " ").encode()
 
     def token_to_piece(self, token_id: int) -> str:
         """The text of one token (a lone byte of a multi-byte character shows as U+FFFD)."""
@@ -272,4 +245,13 @@ class Tokenizer:
     @property
     def _strips_prefix_space(self) -> bool:
         # The space the encoder put before the first word is not part of the text.
-        return (self.model == "llama" and self.add_space_prefix) or self.model == "bert"
+        return self.add_space_prefix or self.config.kind == "wpm"
+
+
+_ATTR_TYPES = (
+    (TokenAttr.CONTROL, TokenType.CONTROL),
+    (TokenAttr.USER_DEFINED, TokenType.USER_DEFINED),
+    (TokenAttr.UNKNOWN, TokenType.UNKNOWN),
+    (TokenAttr.BYTE, TokenType.BYTE),
+    (TokenAttr.NORMAL, TokenType.NORMAL),
+)

@@ -1,6 +1,7 @@
-"""The three vocabulary models llama.cpp knows, rebuilt with the Hugging Face ``tokenizers``
-library: byte-level BPE (``gpt2``), SentencePiece-style BPE over scores (``llama``) and WordPiece
-(``bert``), with the per-model text rules around them (GPT-2's byte table, WPM word splitting).
+"""The vocabulary models llama.cpp keeps close to their Hugging Face counterparts, rebuilt
+with the ``tokenizers`` library: SentencePiece-style BPE over scores (``llama``) and WordPiece
+(``bert``), with llama.cpp's text rules around them (the ``▁`` space marker and prefix space,
+WPM's word splitting).
 """
 
 from __future__ import annotations
@@ -10,27 +11,47 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from tessera.text.pre import PreTokenizer
-from tessera.text.vocab import SPACE_MARKER, TokenizerError
+from tessera.text.vocab import SPACE_MARKER
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizer
 
 
-def byte_level_bpe(
-    ids: Mapping[str, int], merges: Sequence[str] | None, pre: PreTokenizer
-) -> HFTokenizer:
-    """GPT-2 style BPE over byte-level characters, pre-split by llama.cpp's regexes."""
-    from tokenizers import Regex, models, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
+class SpmModel:
+    """llama.cpp's SPM tokenizer: spaces become ``▁`` and a space is prefixed to the text at
+    the start and after every special token (when ``add_space_prefix``)."""
 
-    bpe = models.BPE(dict(ids), _parse_merges(merges, ids), ignore_merges=pre.ignore_merges)
-    hf = HFTokenizer(bpe)
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
-    hf.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    )
-    return hf
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        ids: Mapping[str, int],
+        scores: Sequence[float],
+        unk_id: int | None,
+        add_space_prefix: bool,
+    ) -> None:
+        self._hf = spm_bpe(tokens, ids, scores, unk_id)
+        self._prefix = add_space_prefix
+
+    def encode(self, text: str, after_special: bool) -> list[int]:
+        if self._prefix and after_special:
+            text = " " + text
+        return self._hf.encode(text.replace(" ", SPACE_MARKER), add_special_tokens=False).ids
+
+
+class WpmModel:
+    """llama.cpp's WPM (BERT) tokenizer: normalized words, then WordPiece on each."""
+
+    def __init__(
+        self, ids: Mapping[str, int], unk_id: int | None, lowercase: bool, strip_accents: bool
+    ) -> None:
+        self._hf = wordpiece(ids, unk_id)
+        self._lowercase, self._strip_accents = lowercase, strip_accents
+
+    def encode(self, text: str, after_special: bool) -> list[int]:
+        words = wpm_words(text, self._lowercase, self._strip_accents)
+        if not words:
+            return []
+        return self._hf.encode(words, is_pretokenized=True, add_special_tokens=False).ids
 
 
 def spm_bpe(
@@ -57,24 +78,6 @@ def wordpiece(ids: Mapping[str, int], unk_id: int | None) -> HFTokenizer:
     return HFTokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=1 << 30))
 
 
-def _parse_merges(merges: Sequence[str] | None, ids: Mapping[str, int]) -> list[tuple[str, str]]:
-    if not merges:
-        raise TokenizerError(
-            "the byte-level BPE vocabulary has no tokenizer.ggml.merges; convert the model again"
-        )
-    pairs = []
-    for merge in merges:
-        cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first char
-        if cut < 0:
-            continue
-        left, right = merge[:cut], merge[cut + 1 :]
-        # HF's BPE needs every part and product in the vocabulary; llama.cpp would fall back
-        # to bytes for a product that is not, which no real vocabulary relies on.
-        if left in ids and right in ids and left + right in ids:
-            pairs.append((left, right))
-    return pairs
-
-
 def _spm_merges(
     tokens: Sequence[str], scores: Sequence[float], ids: Mapping[str, int]
 ) -> list[tuple[str, str]]:
@@ -95,23 +98,6 @@ def _spm_merges(
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
 
-
-# -- byte-level BPE's byte <-> printable character table (GPT-2) ----------------------------
-
-
-def _byte_to_char() -> dict[int, str]:
-    """GPT-2's reversible map of the 256 byte values onto printable unicode characters."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
-CHAR_TO_BYTE = {c: b for b, c in _byte_to_char().items()}
 
 # -- BERT (WPM) normalization, as llama.cpp's WPM preprocess does it --------------------------
 
