@@ -61,6 +61,15 @@ _ROUTES = [
     ("/api/embed", "ollama_models", "ollama_embed", ("POST",), False),
     ("/api/embeddings", "ollama_models", "ollama_embeddings", ("POST",), False),
     ("/api/version", "ollama_models", "ollama_version", ("GET",), False),
+    # Anthropic's Messages API
+    ("/v1/messages", "anthropic_messages", "anthropic_messages", ("POST",), False),
+    (
+        "/v1/messages/count_tokens",
+        "anthropic_messages",
+        "anthropic_count_tokens",
+        ("POST",),
+        False,
+    ),
 ]
 
 

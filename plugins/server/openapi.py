@@ -157,6 +157,21 @@ OLLAMA_OPERATIONS = {
     ),
     "ollama_version": operation("the server's version", _obj("version", version=_STRING)),
 }  # fmt: skip
+#: Anthropic's error object; refusals before the handler (API key, body size) keep OpenAI's
+ANTHROPIC_ERROR = {
+    "anyOf": [_obj("type", "error", error=_obj("type", "message", message=_STRING)), ERROR]
+}
+ANTHROPIC_OPERATIONS = {
+    "anthropic_messages": operation(
+        "Anthropic's Messages API", _obj("id", "type", "role", "content", "stop_reason", "usage"),
+        api_fields.ANTHROPIC_MESSAGES, more_ok=_STREAM, error_schema=ANTHROPIC_ERROR,
+    ),
+    "anthropic_count_tokens": operation(
+        "the prompt tokens a Messages request would evaluate",
+        _obj("input_tokens", input_tokens={"type": "integer"}), api_fields.ANTHROPIC_PROMPT,
+        error_schema=ANTHROPIC_ERROR,
+    ),
+}  # fmt: skip
 #: The server plugin's operations by handler name (ServerRoute.name).
 OPERATIONS: dict[str, dict[str, Any]] = {
     "health": operation("200 when every engine serves; 503 with the reason", _obj("status")),
@@ -226,6 +241,7 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         api_fields.CHAT,
     ),
     **OLLAMA_OPERATIONS,
+    **ANTHROPIC_OPERATIONS,
 }  # fmt: skip
 
 
