@@ -5,10 +5,17 @@ generates and embeds, compared with tessera's own /v1/chat/completions and
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
 
 import ollama
+import openai
 import pytest
+
+from tessera.engine.slot_types import FinishEvent, TokenEvent
+from tessera.plugins.server.testing import live_server
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a dog."}]
 OPTIONS = {"temperature": 0, "num_predict": 12}
@@ -164,3 +171,70 @@ def test_embed_gives_the_vectors_of_v1_embeddings(oc, client):
     assert out.prompt_eval_count == ref.usage.prompt_tokens
     one = oc.embeddings(model="m", prompt=texts[0])
     assert one.embedding == pytest.approx(ref.data[0].embedding, abs=1e-6)
+
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "chat-templates"
+TEMPLATE = TEMPLATE / "Qwen-Qwen2.5-7B-Instruct.jinja"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+ANSWER = (
+    "Let me check.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+
+
+class ScriptedEngine:
+    """Stands in for the slot engine (a tiny model writes no tool calls): every request
+    gets ``tokens``; the template, parsing and HTTP are the real server's."""
+
+    def __init__(self, real, tokens):
+        self.real, self.tokens = real, tokens
+
+    def submit(self, request, on_event):
+        def play():
+            for t in self.tokens:
+                on_event(TokenEvent(t))
+            on_event(FinishEvent("stop", len(request.prompt), 0, len(self.tokens), 1.0, 1.0, 0))
+
+        threading.Thread(target=play, daemon=True).start()
+        return SimpleNamespace(cancel=lambda: None)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(TEMPLATE)]
+    with live_server(argv) as srv:
+        served = srv.model
+        tokens = served.tokenizer.encode(ANSWER, add_special=False, parse_special=True)
+        served.engine = ScriptedEngine(served.engine, tokens)
+        yield srv
+
+
+def test_a_tool_call_is_ollamas_tool_calls_as_chat_completions_parse_it(scripted):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    oc = openai.OpenAI(base_url=scripted.v1, api_key="x", max_retries=0)
+    ref = oc.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+    (want,) = ref.choices[0].message.tool_calls
+    client = ollama.Client(host=scripted.url, timeout=120)
+    out = client.chat(model="m", messages=messages, tools=TOOLS)
+    assert out.message.content == ref.choices[0].message.content
+    (call,) = out.message.tool_calls
+    assert call.function.name == want.function.name
+    assert call.function.arguments == json.loads(want.function.arguments)
+    parts = list(client.chat(model="m", messages=messages, tools=TOOLS, stream=True))
+    calls = [c for p in parts for c in p.message.tool_calls or ()]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+    assert "".join(p.message.content for p in parts) == out.message.content
