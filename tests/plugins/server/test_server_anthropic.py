@@ -4,6 +4,7 @@ greedy request, and its error shape."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import urllib.request
@@ -166,14 +167,47 @@ class ScriptedEngine:
         return getattr(self.real, name)
 
 
-@pytest.fixture(scope="module")
-def scripted():
-    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(TEMPLATE)]
+@contextlib.contextmanager
+def _scripted(template, answer):
+    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(template)]
     with live_server(argv) as srv:
         served = srv.model
-        tokens = served.tokenizer.encode(ANSWER, add_special=False, parse_special=True)
+        tokens = served.tokenizer.encode(answer, add_special=False, parse_special=True)
         served.engine = ScriptedEngine(served.engine, tokens)
         yield srv
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    with _scripted(TEMPLATE, ANSWER) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def thinking():
+    template = TEMPLATE.parent / "Qwen-Qwen3-0.6B.jinja"
+    with _scripted(template, "<think>\nLet me see.\n</think>\n\nIt is sunny.") as srv:
+        yield srv
+
+
+def test_reasoning_is_a_thinking_block_streamed_as_thinking_deltas(thinking):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    oc = openai.OpenAI(base_url=thinking.v1, api_key="x", max_retries=0)
+    ref = oc.chat.completions.create(model="m", messages=messages).choices[0].message
+    ac = anthropic.Anthropic(base_url=thinking.url, api_key="x", max_retries=0)
+    kw = dict(model="m", max_tokens=64, messages=messages)
+    out = ac.messages.create(**kw)
+    assert [b.type for b in out.content] == ["thinking", "text"]
+    assert out.content[0].thinking == ref.model_extra["reasoning_content"]
+    assert out.content[1].text == ref.content
+    with ac.messages.stream(**kw) as s:
+        deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
+        final = s.get_final_message()
+    assert "thinking_delta" in deltas and "text_delta" in deltas
+    assert deltas.index("text_delta") > max(
+        i for i, d in enumerate(deltas) if d == "thinking_delta"
+    )
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in out.content]
 
 
 def test_a_tool_call_is_a_tool_use_block_as_chat_completions_parse_it(scripted):
