@@ -4,6 +4,7 @@ generates and embeds, compared with tessera's own /v1/chat/completions and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import urllib.request
@@ -211,14 +212,42 @@ class ScriptedEngine:
         return getattr(self.real, name)
 
 
-@pytest.fixture(scope="module")
-def scripted():
-    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(TEMPLATE)]
+@contextlib.contextmanager
+def _scripted(template, answer):
+    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(template)]
     with live_server(argv) as srv:
         served = srv.model
-        tokens = served.tokenizer.encode(ANSWER, add_special=False, parse_special=True)
+        tokens = served.tokenizer.encode(answer, add_special=False, parse_special=True)
         served.engine = ScriptedEngine(served.engine, tokens)
         yield srv
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    with _scripted(TEMPLATE, ANSWER) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def thinking():
+    template = TEMPLATE.parent / "Qwen-Qwen3-0.6B.jinja"
+    with _scripted(template, "<think>\nLet me see.\n</think>\n\nIt is sunny.") as srv:
+        yield srv
+
+
+def test_reasoning_is_the_thinking_field_whole_and_streamed(thinking):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    oc = openai.OpenAI(base_url=thinking.v1, api_key="x", max_retries=0)
+    ref = oc.chat.completions.create(model="m", messages=messages).choices[0].message
+    client = ollama.Client(host=thinking.url, timeout=120)
+    out = client.chat(model="m", messages=messages)
+    assert out.message.thinking == ref.model_extra["reasoning_content"]
+    assert out.message.content == ref.content
+    parts = list(client.chat(model="m", messages=messages, stream=True))
+    assert "".join(p.message.thinking or "" for p in parts) == out.message.thinking
+    assert "".join(p.message.content for p in parts) == out.message.content
+    generated = client.generate(model="m", prompt=messages[0]["content"])
+    assert (generated.thinking, generated.response) == (out.message.thinking, ref.content)
 
 
 def test_a_tool_call_is_ollamas_tool_calls_as_chat_completions_parse_it(scripted):
