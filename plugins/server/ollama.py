@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +43,20 @@ _OPTION_FIELDS = {
 }
 
 NDJSON = "application/x-ndjson"
+
+
+def ollama_errors(
+    handler: Callable[[Request], Awaitable[Any]],
+) -> Callable[[Request], Awaitable[Any]]:
+    """The handler with its ApiErrors answered in Ollama's shape, ``{"error": message}``."""
+
+    async def endpoint(request: Request) -> Any:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    return endpoint
 
 
 def created_at() -> str:
@@ -173,6 +187,7 @@ def _response(parts: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@ollama_errors
 async def ollama_chat(request: Request) -> Any:
     """POST /api/chat: ``messages`` -> ``message`` ({role, content, thinking, tool_calls})."""
     state: ServerState = request.app.state.tessera
@@ -184,6 +199,7 @@ async def ollama_chat(request: Request) -> Any:
     return await _respond(request, served, f, chat, prompt, _Answer(session), _message)
 
 
+@ollama_errors
 async def ollama_generate(request: Request) -> Any:
     """POST /api/generate: ``prompt`` (+ ``system``) as one user turn, or as it is with
     ``raw``; an empty prompt only loads the model (``done_reason: "load"``)."""

@@ -21,6 +21,7 @@ from .access_log import count_tokens
 from .api_fields import OLLAMA_EMBED, OLLAMA_EMBEDDINGS, OLLAMA_SHOW
 from .embeddings import embedder_of
 from .fields import Fields, read_json
+from .ollama import ollama_errors
 
 
 def _size_units(n: int) -> str:
@@ -69,12 +70,14 @@ def _entry(served: ServedModel) -> dict[str, Any]:
     }
 
 
+@ollama_errors
 async def ollama_tags(request: Request) -> Any:
     """The models served now (a multi-model server lists those it has loaded)."""
     state: ServerState = request.app.state.tessera
     return JSONResponse({"models": [_entry(m) for m in state.pool.served()]})
 
 
+@ollama_errors
 async def ollama_ps(request: Request) -> Any:
     """The models in memory: every one loaded stays until the server stops (no expiry)."""
     state: ServerState = request.app.state.tessera
@@ -88,6 +91,7 @@ async def ollama_ps(request: Request) -> Any:
     return JSONResponse({"models": models})
 
 
+@ollama_errors
 async def ollama_version(request: Request) -> Any:
     from tessera import __version__
 
@@ -103,6 +107,7 @@ def _scalar_metadata(served: ServedModel) -> dict[str, Any]:
     }
 
 
+@ollama_errors
 async def ollama_show(request: Request) -> Any:
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), OLLAMA_SHOW)
@@ -142,6 +147,7 @@ async def _embed(served: ServedModel, texts: list[str], dims: int | None) -> tup
     return [v.astype("<f4").tolist() for v in vectors], n_tokens
 
 
+@ollama_errors
 async def ollama_embed(request: Request) -> Any:
     """POST /api/embed: ``input`` (a string or a list) -> ``embeddings``."""
     state: ServerState = request.app.state.tessera
@@ -163,6 +169,7 @@ async def ollama_embed(request: Request) -> Any:
     )
 
 
+@ollama_errors
 async def ollama_embeddings(request: Request) -> Any:
     """POST /api/embeddings (Ollama's older route): ``prompt`` -> ``embedding``."""
     state: ServerState = request.app.state.tessera

@@ -131,31 +131,35 @@ _RERANKED = {
 }
 #: Ollama's routes: one object, or NDJSON lines when streaming (its default)
 _NDJSON = {"application/x-ndjson": {"schema": {"type": "object"}}}
+#: Ollama's error object; refusals before the handler (API key, body size) keep OpenAI's
+_OLLAMA = {"error_schema": {"anyOf": [_obj("error", error=_STRING), ERROR]}}
 _OLLAMA_MODELS = _obj("models", models={"type": "array", "items": _obj("name", "model", "size")})
 OLLAMA_OPERATIONS = {
     "ollama_chat": operation(
         "Ollama's chat", _obj("model", "created_at", "message", "done"), api_fields.OLLAMA_CHAT,
-        more_ok=_NDJSON,
+        more_ok=_NDJSON, **_OLLAMA,
     ),
     "ollama_generate": operation(
         "Ollama's generate", _obj("model", "created_at", "response", "done"),
-        api_fields.OLLAMA_GENERATE, more_ok=_NDJSON,
+        api_fields.OLLAMA_GENERATE, more_ok=_NDJSON, **_OLLAMA,
     ),
-    "ollama_tags": operation("Ollama's list of models", _OLLAMA_MODELS),
-    "ollama_ps": operation("Ollama's models in memory", _OLLAMA_MODELS),
+    "ollama_tags": operation("Ollama's list of models", _OLLAMA_MODELS, **_OLLAMA),
+    "ollama_ps": operation("Ollama's models in memory", _OLLAMA_MODELS, **_OLLAMA),
     "ollama_show": operation(
         "Ollama's model details", _obj("details", "model_info", "capabilities"),
-        api_fields.OLLAMA_SHOW,
+        api_fields.OLLAMA_SHOW, **_OLLAMA,
     ),
     "ollama_embed": operation(
         "Ollama's embeddings", _obj("model", "embeddings", embeddings=_LIST),
-        api_fields.OLLAMA_EMBED,
+        api_fields.OLLAMA_EMBED, **_OLLAMA,
     ),
     "ollama_embeddings": operation(
         "Ollama's older embeddings route", _obj("embedding", embedding=_LIST),
-        api_fields.OLLAMA_EMBEDDINGS,
+        api_fields.OLLAMA_EMBEDDINGS, **_OLLAMA,
     ),
-    "ollama_version": operation("the server's version", _obj("version", version=_STRING)),
+    "ollama_version": operation(
+        "the server's version", _obj("version", version=_STRING), **_OLLAMA
+    ),
 }  # fmt: skip
 #: Anthropic's error object; refusals before the handler (API key, body size) keep OpenAI's
 ANTHROPIC_ERROR = {

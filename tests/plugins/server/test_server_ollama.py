@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -129,11 +130,20 @@ def test_format_json_gives_json(oc):
         assert text.lstrip().startswith("{")
 
 
-def test_a_bad_option_is_a_400_naming_it(oc):
+def test_a_bad_option_is_a_400_naming_it_in_ollamas_shape(oc, server):
     with pytest.raises(ollama.ResponseError) as info:
         oc.chat(model="m", messages=MESSAGES, options={"temperature": 7})
     assert info.value.status_code == 400
-    assert "temperature" in str(info.value)
+    assert "temperature" in info.value.error
+    # Ollama's error shape: {"error": message}
+    body = json.dumps({"model": "m", "prompt": "Hi", "options": {"top_p": 3}}).encode()
+    req = urllib.request.Request(
+        server.url + "/api/generate", body, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as http:
+        urllib.request.urlopen(req, timeout=30)
+    error = json.loads(http.value.read())
+    assert list(error) == ["error"] and "top_p" in error["error"]
     with pytest.raises(ollama.ResponseError) as info:
         oc.chat(model="m", messages=MESSAGES, format={"type": "object"})
     assert info.value.status_code == 400
