@@ -3,8 +3,9 @@ rows, a few activation rows), as methods that
 :class:`~tessera.backends.native.kernels.NativeGemv` inherits.
 
 torch's one-row bf16 matmul read a weight at 3-5 GB/s, a fraction of the memory bandwidth,
-so F16 files decoded at ~0.6x llama.cpp. The C kernel reads each weight row once for up to
-four activation rows, widens every value to float32 (exact) and sums the products in
+so F16 files decoded at ~0.6x llama.cpp. The C kernel reads the weight rows one after the
+other, each once for up to four activation rows, widens every value to float32 (exact) and
+sums the products in
 float32 (``vdpbf16ps`` for bf16 activations and weights with AVX512-BF16, FMA otherwise),
 then rounds each output once to the activations' dtype.
 """
@@ -22,8 +23,9 @@ DENSE_TYPES = {"F16": 1, "BF16": 30}
 MAX_DENSE_WEIGHTS = 8
 #: Matmuls of fewer activation rows than this run the dense GEMV; from here on torch's
 #: blocked matmul. CPU time of the GEMV / torch's bf16 matmul, 1 thread, AVX512-BF16 (AMD
-#: Zen 5): 0.50-0.65 at 1-4 rows and 0.88 at 8 on a 151936x896 weight (memory-bound, as in
-#: decode); 1.0 at 4 rows and 1.5-1.65 at 8 on 4864x896 / 896x4864 weights held in L3.
+#: Zen 5): 0.45 at 1-2 rows, 0.38 at 4 and 0.90 at 8 on a 151936x896 weight (memory-bound,
+#: as every decode matmul is); 0.5-0.6 at 1 row, 1.2 at 4 and 1.4-2.0 at 8 on 4864x896 and
+#: 896x4864 weights held in L3 (compute-bound, which decode is not).
 NATIVE_DENSE_MAX_ROWS = 8
 NATIVE_DENSE_DISABLE = Switch(
     "TESSERA_NATIVE_DENSE_DISABLE",

@@ -10,9 +10,11 @@
  *
  * The paths, chosen when the library is compiled (tests force the narrower ones with
  * -mno-avx512bf16 and -mno-avx512f): AVX512 with vdpbf16ps (tsr_dense_path 2), AVX512F
- * (1), AVX2 + F16C (0). Four weight rows share each activation load; OpenMP hands out the
- * row groups of all the weights of one call in guided chunks (as gemv_n in native_gemv.c)
- * and each row stream is prefetched PREFETCH bytes ahead, across the file's 4 KiB pages.
+ * (1), AVX2 + F16C (0). The weight rows are read one after the other, so a thread's rows
+ * are one sequential stream (four rows read side by side, as the block types do, gave 0.6x
+ * the bandwidth: the activations are small and stay in L1 anyway), prefetched PREFETCH
+ * bytes ahead across the file's 4 KiB pages; OpenMP hands out the rows of all the weights
+ * of one call in guided chunks (as gemv_n in native_gemv.c).
  */
 #include <stdlib.h>
 
@@ -20,16 +22,15 @@
 
 #define GGML_F16 1
 #define GGML_BF16 30
-#define DENSE_ROWS 4        /* weight rows per pass over the activations */
 #define DENSE_MAX_WEIGHTS 8 /* weights in one tsr_gemv_dense call */
 
 #if defined(__AVX512F__)
 #define DENSE_ZMM 1
-#define DENSE_MI 4 /* activation rows per pass: 16 accumulators of 32 registers */
+#define DENSE_MI 4 /* activation rows per pass over a weight row */
 #define DENSE_W 16 /* values per vector */
 #else
 #define DENSE_ZMM 0
-#define DENSE_MI 2 /* 8 accumulators of 16 registers */
+#define DENSE_MI 2 /* 4 accumulators of 16 registers */
 #define DENSE_W 8
 #endif
 #if DENSE_ZMM && defined(__AVX512BF16__)
@@ -75,83 +76,87 @@ static inline vec widen(const uint16_t *p, int bf16) {
 }
 #endif
 
-/* y[i * DENSE_ROWS + r] = dot(weight row r, xf row i) for r < R, i < MI (compile-time
- * constants after inlining): w rows of n_in 16-bit values, xf rows of float32 xs apart. */
-static inline __attribute__((always_inline)) void rows_fma(const uint16_t *w, int64_t n_in,
-                                                          int R, int MI, int bf16,
-                                                          const float *xf, int64_t xs,
-                                                          float *y) {
-    vec acc[DENSE_ROWS][DENSE_MI];
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MI; i++) acc[r][i] = VZERO();
+/* y[i] = dot(weight row w, xf row i) for i < MI (a compile-time constant after inlining):
+ * n_in 16-bit values against float32 rows xs apart, two accumulators per activation row
+ * (two FMA chains in flight). */
+static inline __attribute__((always_inline)) void row_fma(const uint16_t *w, int64_t n_in, int MI,
+                                                         int bf16, const float *xf, int64_t xs,
+                                                         float *y) {
+    vec acc[2][DENSE_MI];
+    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = VZERO();
     int64_t k = 0;
+    for (; k + 2 * DENSE_W <= n_in; k += 2 * DENSE_W) {
+        prefetch1((const uint8_t *)(w + k) + PREFETCH);
+        const vec w0 = widen(w + k, bf16), w1 = widen(w + k + DENSE_W, bf16);
+        for (int i = 0; i < MI; i++) {
+            acc[0][i] = VFMA(w0, VLOAD(xf + i * xs + k), acc[0][i]);
+            acc[1][i] = VFMA(w1, VLOAD(xf + i * xs + k + DENSE_W), acc[1][i]);
+        }
+    }
     for (; k + DENSE_W <= n_in; k += DENSE_W) {
-        if (k % 32 == 0) /* one prefetch per 64-byte line of each row */
-            for (int r = 0; r < R; r++) prefetch1((const uint8_t *)(w + r * n_in + k) + PREFETCH);
-        for (int r = 0; r < R; r++) {
-            const vec wv = widen(w + r * n_in + k, bf16);
-            for (int i = 0; i < MI; i++) acc[r][i] = VFMA(wv, VLOAD(xf + i * xs + k), acc[r][i]);
-        }
+        const vec w0 = widen(w + k, bf16);
+        for (int i = 0; i < MI; i++) acc[0][i] = VFMA(w0, VLOAD(xf + i * xs + k), acc[0][i]);
     }
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MI; i++) {
-            float s = VSUM(acc[r][i]);
-            for (int64_t j = k; j < n_in; j++) s += widen1(w[r * n_in + j], bf16) * xf[i * xs + j];
-            y[i * DENSE_ROWS + r] = s;
-        }
+    for (int i = 0; i < MI; i++) {
+        float s = VSUM(acc[0][i]) + VSUM(acc[1][i]);
+        for (int64_t j = k; j < n_in; j++) s += widen1(w[j], bf16) * xf[i * xs + j];
+        y[i] = s;
+    }
 }
 
 #if DENSE_DPBF16
-/* The same for BF16 weights and bf16 activations xb (rows xs apart): vdpbf16ps on pairs. */
-static inline __attribute__((always_inline)) void rows_dpbf16(const uint16_t *w, int64_t n_in,
-                                                             int R, int MI, const uint16_t *xb,
-                                                             int64_t xs, float *y) {
-    __m512 acc[DENSE_ROWS][DENSE_MI];
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MI; i++) acc[r][i] = _mm512_setzero_ps();
+/* The same for a BF16 weight row and bf16 activations xb (rows xs apart): vdpbf16ps on
+ * pairs, 32 values per instruction. */
+static inline __attribute__((always_inline)) void row_dpbf16(const uint16_t *w, int64_t n_in,
+                                                            int MI, const uint16_t *xb,
+                                                            int64_t xs, float *y) {
+    __m512 acc[2][DENSE_MI];
+    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = _mm512_setzero_ps();
     int64_t k = 0;
-    for (; k + 32 <= n_in; k += 32) {
-        for (int r = 0; r < R; r++) prefetch1((const uint8_t *)(w + r * n_in + k) + PREFETCH);
-        for (int r = 0; r < R; r++) {
-            const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * n_in + k);
-            for (int i = 0; i < MI; i++)
-                acc[r][i] = _mm512_dpbf16_ps(acc[r][i], wv,
-                                             (__m512bh)_mm512_loadu_si512(xb + i * xs + k));
+    for (; k + 64 <= n_in; k += 64) {
+        prefetch1((const uint8_t *)(w + k) + PREFETCH);
+        prefetch1((const uint8_t *)(w + k + 32) + PREFETCH);
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k);
+        const __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + k + 32);
+        for (int i = 0; i < MI; i++) {
+            acc[0][i] = _mm512_dpbf16_ps(acc[0][i], w0, (__m512bh)_mm512_loadu_si512(xb + i * xs + k));
+            acc[1][i] = _mm512_dpbf16_ps(acc[1][i], w1,
+                                         (__m512bh)_mm512_loadu_si512(xb + i * xs + k + 32));
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int i = 0; i < MI; i++) {
-            float s = _mm512_reduce_add_ps(acc[r][i]);
-            for (int64_t j = k; j < n_in; j++) s += widen1(w[r * n_in + j], 1) * widen1(xb[i * xs + j], 1);
-            y[i * DENSE_ROWS + r] = s;
-        }
+    for (; k + 32 <= n_in; k += 32) {
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + k);
+        for (int i = 0; i < MI; i++)
+            acc[0][i] = _mm512_dpbf16_ps(acc[0][i], w0, (__m512bh)_mm512_loadu_si512(xb + i * xs + k));
+    }
+    for (int i = 0; i < MI; i++) {
+        float s = _mm512_reduce_add_ps(acc[0][i]) + _mm512_reduce_add_ps(acc[1][i]);
+        for (int64_t j = k; j < n_in; j++) s += widen1(w[j], 1) * widen1(xb[i * xs + j], 1);
+        y[i] = s;
+    }
 }
 #endif
 
-/* R weight rows (1 or DENSE_ROWS) x mi activation rows starting at row i0 into y. */
-static void dense_rows(const uint16_t *w, int64_t n_in, int R, int64_t mi, int bf16, int dp,
-                       const void *xa, int64_t i0, float *y) {
+/* One weight row x mi activation rows starting at row i0 into y[0 .. mi). */
+static void dense_row(const uint16_t *w, int64_t n_in, int64_t mi, int bf16, int dp,
+                      const void *xa, int64_t i0, float *y) {
 #if DENSE_DPBF16
-#define DENSE_DP(RR, MM) \
-    if (dp) { rows_dpbf16(w, n_in, RR, MM, (const uint16_t *)xa + i0 * n_in, n_in, y); return; }
+#define DENSE_DP(MM) \
+    if (dp) { row_dpbf16(w, n_in, MM, (const uint16_t *)xa + i0 * n_in, n_in, y); return; }
 #else
-#define DENSE_DP(RR, MM) (void)dp;
+#define DENSE_DP(MM) (void)dp;
 #endif
-#define DENSE_CASE(RR, MM)                                                         \
-    if (R == RR && mi == MM) {                                                     \
-        DENSE_DP(RR, MM)                                                           \
-        rows_fma(w, n_in, RR, MM, bf16, (const float *)xa + i0 * n_in, n_in, y);   \
-        return;                                                                    \
+#define DENSE_CASE(MM)                                                       \
+    if (mi == MM) {                                                          \
+        DENSE_DP(MM)                                                         \
+        row_fma(w, n_in, MM, bf16, (const float *)xa + i0 * n_in, n_in, y);  \
+        return;                                                              \
     }
-    DENSE_CASE(DENSE_ROWS, 1)
-    DENSE_CASE(DENSE_ROWS, 2)
-    DENSE_CASE(1, 1)
-    DENSE_CASE(1, 2)
+    DENSE_CASE(1)
+    DENSE_CASE(2)
 #if DENSE_MI == 4
-    DENSE_CASE(DENSE_ROWS, 3)
-    DENSE_CASE(DENSE_ROWS, 4)
-    DENSE_CASE(1, 3)
-    DENSE_CASE(1, 4)
+    DENSE_CASE(3)
+    DENSE_CASE(4)
 #endif
 #undef DENSE_CASE
 #undef DENSE_DP
@@ -179,38 +184,26 @@ int tsr_gemv_dense(int ggml_type, int n_w, const uint8_t *const *ws, const int64
         for (int64_t i = 0; i < m * n_in; i++) xf[i] = load1(x, i, dtype);
         xa = xf;
     }
-    int64_t first_group[DENSE_MAX_WEIGHTS + 1], col[DENSE_MAX_WEIGHTS + 1];
-    first_group[0] = col[0] = 0;
+    int64_t first_row[DENSE_MAX_WEIGHTS + 1], col[DENSE_MAX_WEIGHTS + 1];
+    first_row[0] = col[0] = 0;
     for (int k = 0; k < n_w; k++) {
-        first_group[k + 1] = first_group[k] + (n_outs[k] + DENSE_ROWS - 1) / DENSE_ROWS;
+        first_row[k + 1] = first_row[k] + n_outs[k];
         col[k + 1] = col[k] + n_outs[k];
     }
-    const int64_t groups = first_group[n_w], width = col[n_w];
-    const int64_t group_bytes = DENSE_ROWS * 2 * n_in;
-    const int chunk = group_bytes >= GEMV_CHUNK_BYTES ? 1 : (int)(GEMV_CHUNK_BYTES / group_bytes);
+    const int64_t n_rows = first_row[n_w], width = col[n_w], row_bytes = 2 * n_in;
+    const int chunk = row_bytes >= GEMV_CHUNK_BYTES ? 1 : (int)(GEMV_CHUNK_BYTES / row_bytes);
 #pragma omp parallel for schedule(guided, chunk) num_threads(n_threads) if (n_threads > 1)
-    for (int64_t g = 0; g < groups; g++) {
+    for (int64_t g = 0; g < n_rows; g++) {
         int k = 0;
-        while (g >= first_group[k + 1]) k++;
-        const int64_t r0 = (g - first_group[k]) * DENSE_ROWS;
-        const int64_t n = n_outs[k] - r0 < DENSE_ROWS ? n_outs[k] - r0 : DENSE_ROWS;
-        const uint16_t *wg = (const uint16_t *)ws[k] + r0 * n_in;
-        const void *bias = biases ? biases[k] : NULL;
+        while (g >= first_row[k + 1]) k++;
+        const int64_t r = g - first_row[k];
+        const uint16_t *wr = (const uint16_t *)ws[k] + r * n_in;
+        const float b = biases && biases[k] ? load1(biases[k], r, dtype) : 0.0f;
         for (int64_t i0 = 0; i0 < m; i0 += DENSE_MI) {
             const int64_t mi = m - i0 < DENSE_MI ? m - i0 : DENSE_MI;
-            float yi[DENSE_MI * DENSE_ROWS];
-            if (n == DENSE_ROWS)
-                dense_rows(wg, n_in, DENSE_ROWS, mi, bf16, dp, xa, i0, yi);
-            else
-                for (int64_t r = 0; r < n; r++) {
-                    float yr[DENSE_MI * DENSE_ROWS];
-                    dense_rows(wg + r * n_in, n_in, 1, mi, bf16, dp, xa, i0, yr);
-                    for (int64_t i = 0; i < mi; i++) yi[i * DENSE_ROWS + r] = yr[i * DENSE_ROWS];
-                }
-            for (int64_t i = 0; i < mi; i++)
-                for (int64_t r = 0; r < n; r++)
-                    store1(y, (i0 + i) * width + col[k] + r0 + r,
-                           yi[i * DENSE_ROWS + r] + (bias ? load1(bias, r0 + r, dtype) : 0.0f), dtype);
+            float yi[DENSE_MI];
+            dense_row(wr, n_in, mi, bf16, dp, xa, i0, yi);
+            for (int64_t i = 0; i < mi; i++) store1(y, (i0 + i) * width + col[k] + r, yi[i] + b, dtype);
         }
     }
     free(xf);
