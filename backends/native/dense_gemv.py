@@ -5,9 +5,8 @@ rows, a few activation rows), as methods that
 torch's one-row bf16 matmul read a weight at 3-5 GB/s, a fraction of the memory bandwidth,
 so F16 files decoded at ~0.6x llama.cpp. The C kernel reads the weight rows one after the
 other, each once for up to four activation rows, widens every value to float32 (exact) and
-sums the products in
-float32 (``vdpbf16ps`` for bf16 activations and weights with AVX512-BF16, FMA otherwise),
-then rounds each output once to the activations' dtype.
+sums the products in float32 (``vdpbf16ps`` for bf16 activations and weights with
+AVX512-BF16, FMA otherwise), then rounds each output once to the activations' dtype.
 """
 
 from __future__ import annotations
