@@ -177,7 +177,8 @@ def test_sigterm_lets_in_flight_requests_finish_then_exits_cleanly(tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        assert f"http://127.0.0.1:{port}" in proc.stderr.readline()
+        # the start-up lines: the model summary, then the address
+        assert f"http://127.0.0.1:{port}" in proc.stderr.readline() + proc.stderr.readline()
         deadline = time.monotonic() + 60
         while True:
             try:

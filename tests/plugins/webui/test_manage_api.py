@@ -103,12 +103,24 @@ def test_delete_of_an_m_file_outside_the_dir_is_refused(fresh_server):
     assert default_model_path().exists()
 
 
+def _safetensors_of_size(size: int) -> bytes:
+    """A valid safetensors file of exactly ``size`` bytes: one BF16 tensor, its header padded
+    with spaces (as the format allows) so the total comes out even."""
+    n = (size - 8 - 128) // 2  # values of the one tensor; 128 bytes for the header
+    meta = {
+        "model.embed_tokens.weight": {"dtype": "BF16", "shape": [n], "data_offsets": [0, 2 * n]}
+    }
+    header = json.dumps(meta).encode()
+    header += b" " * (size - 8 - 2 * n - len(header))
+    return len(header).to_bytes(8, "little") + header + b"\0" * (2 * n)
+
+
 def test_an_hf_folder_is_listed_and_deleted_whole(fresh_dir):
     hf = fresh_dir / "hf-tiny"
     hf.mkdir()
     config = {"model_type": "llama", "max_position_embeddings": 512, "torch_dtype": "bfloat16"}
     (hf / "config.json").write_text(json.dumps(config))
-    (hf / "model.safetensors").write_bytes(b"\0" * 1000)
+    (hf / "model.safetensors").write_bytes(_safetensors_of_size(1000))
     with live_server(server_argv(fresh_dir)) as srv:
         m = rows(srv)["hf-tiny"]
         assert (m["arch"], m["quant"], m["n_ctx_train"]) == ("llama", "BF16", 512)
