@@ -49,17 +49,17 @@ def parse_merges(
                 "the BPE vocabulary has no tokenizer.ggml.merges; convert the model again"
             )
         return []
-    pairs: dict[tuple[str, str], None] = {}
+    pairs = []
     for merge in merges:
         cut = merge.find(" ", 1)  # llama.cpp splits at the first space after the first char
         if cut < 0:
             continue
         left, right = merge[:cut], merge[cut + 1 :]
         # HF's BPE needs every part and product in the vocabulary; llama.cpp would fall back
-        # to bytes for a product that is not, which no real vocabulary relies on.
+        # to bytes for a product that is not, which no real vocabulary relies on
         if left in ids and right in ids and left + right in ids:
-            pairs.setdefault((left, right))
-    return list(pairs)
+            pairs.append((left, right))
+    return list(dict.fromkeys(pairs))  # the first of duplicates wins, as in llama.cpp
 
 
 class BpeModel:

@@ -30,8 +30,9 @@ class Plamo2Model:
     ) -> None:
         self._bytes = [0] * 256  # llama.cpp takes id 0 as "not set"
         pieces: dict[str, float] = {}
+        byte = int(TokenAttr.BYTE)
         for tid, (text, score, attr) in enumerate(zip(tokens, scores, attrs, strict=False)):
-            if attr & TokenAttr.BYTE:
+            if attr & byte:
                 if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
                     try:
                         self._bytes[int(text[3:5], 16)] = tid

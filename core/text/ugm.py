@@ -44,21 +44,15 @@ class UgmModel:
             if blob is not None and len(blob)
             else None
         )
-        usable = TokenAttr.NORMAL | TokenAttr.USER_DEFINED | TokenAttr.UNUSED
+        normal, user = int(TokenAttr.NORMAL), int(TokenAttr.USER_DEFINED)
+        usable = normal | user | int(TokenAttr.UNUSED)
         self._matcher = PrefixMatcher((t, i) for i, t in enumerate(tokens) if attrs[i] & usable)
-        user_defined = [
-            t.encode() for t, a in zip(tokens, attrs, strict=True) if a & TokenAttr.USER_DEFINED
-        ]
+        user_defined = [t.encode() for t, a in zip(tokens, attrs, strict=True) if a & user]
         self._user_prefixes = {u[:k] for u in user_defined for k in range(1, len(u) + 1)}
         # llama.cpp scores in double, from float32 scores; user-defined tokens score 0
-        self._scores = [
-            0.0 if a & TokenAttr.USER_DEFINED else float(s)
-            for s, a in zip(scores, attrs, strict=False)
-        ]
-        normal = [
-            np.float32(s) for s, a in zip(scores, attrs, strict=False) if a & TokenAttr.NORMAL
-        ]
-        min_score = min(normal) if normal else np.float32(_FLT_MAX)
+        self._scores = [0.0 if a & user else float(s) for s, a in zip(scores, attrs, strict=False)]
+        lowest = min((s for s, a in zip(scores, attrs, strict=False) if a & normal), default=None)
+        min_score = np.float32(_FLT_MAX if lowest is None else lowest)
         self._unknown_score = float(np.float32(min_score - _UNKNOWN_PENALTY))
         self._unk = unk_id
         self._space = SPACE_MARKER if config.escape_whitespaces else " "

@@ -42,20 +42,26 @@ class TokenAttr(enum.IntFlag):
     RSTRIP = 1 << 8
 
 
+# Plain ints for the loops over every token (IntFlag arithmetic is slow there).
+_CONTROL, _USER_DEFINED, _UNUSED = (
+    int(TokenAttr.CONTROL),
+    int(TokenAttr.USER_DEFINED),
+    int(TokenAttr.UNUSED),
+)
 #: Attributes of the tokens llama.cpp cuts out of raw text before tokenizing.
-SPECIAL = TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN
+SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
 #: ... of those only cut out when special tokens are parsed, and hidden when decoding.
-HIDDEN = TokenAttr.CONTROL | TokenAttr.UNKNOWN
+HIDDEN = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
 
-_TYPE_ATTR = {int(t): TokenAttr[t.name] for t in TokenType}
+_TYPE_ATTR = {int(t): int(TokenAttr[t.name]) for t in TokenType}
 
 
 def token_attrs(types: Sequence[int] | None, n: int) -> list[int]:
     """The attribute bits of each token from ``tokenizer.ggml.token_type`` (all normal when
     the file has none; an unknown type value is undefined)."""
     if types is None:
-        return [TokenAttr.NORMAL] * n
-    return [_TYPE_ATTR.get(int(t), TokenAttr.UNDEFINED) for t in types[:n]]
+        return [int(TokenAttr.NORMAL)] * n
+    return [_TYPE_ATTR.get(int(t), 0) for t in types[:n]]
 
 
 ID_KEYS = {
@@ -152,17 +158,17 @@ def apply_load_rules(
             found = [token_ids[t] for t in texts.split() if t in token_ids]
             if found:
                 ids[role] = found[0]
-                attrs[found[0]] |= TokenAttr.CONTROL
+                attrs[found[0]] |= _CONTROL
     for tid, attr in enumerate(attrs):
-        if attr & TokenAttr.CONTROL and "unused" in tokens[tid]:
-            attrs[tid] |= TokenAttr.UNUSED
+        if attr & _CONTROL and "unused" in tokens[tid]:
+            attrs[tid] |= _UNUSED
     eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep") if ids[r] is not None}
     for text in EOG_TEXTS & token_ids.keys():
         eog.add(token_ids[text])
-        attrs[token_ids[text]] |= TokenAttr.CONTROL
+        attrs[token_ids[text]] |= _CONTROL
     for text in _ALWAYS_USER_DEFINED:
         if text in token_ids:
-            attrs[token_ids[text]] = TokenAttr.USER_DEFINED
+            attrs[token_ids[text]] = _USER_DEFINED
     eog |= {ids[r] for r in ("eos", "eot", "eom") if ids[r] is not None}
     by_text = {tokens[t]: t for t in eog}
     # o200k_harmony and solar-open end a turn with <|return|>/<|call|>: <|end|> is not EOG
@@ -170,11 +176,11 @@ def apply_load_rules(
         {"<|return|>", "<|call|>"} <= by_text.keys() or {"<|calls|>", "<|flush|>"} <= by_text.keys()
     ):
         eog.discard(by_text["<|end|>"])
-        attrs[by_text["<|end|>"]] = TokenAttr.USER_DEFINED
+        attrs[by_text["<|end|>"]] = _USER_DEFINED
     # Gemma 4 and PLaMo have a normal </s>
     if "</s>" in by_text and by_text.keys() & {"<|tool_response>", "<|plamo:eos|>"}:
         eog.discard(by_text["</s>"])
-        attrs[by_text["</s>"]] = TokenAttr.NORMAL
+        attrs[by_text["</s>"]] = int(TokenAttr.NORMAL)
     return frozenset(eog)
 
 
@@ -190,16 +196,17 @@ def apply_strip_attrs(
     def set_attr(text: str, bit: TokenAttr, on: bool = True) -> None:
         if text in token_ids:
             tid = token_ids[text]
-            attrs[tid] = (attrs[tid] | bit) if on else (attrs[tid] & ~bit)
+            attrs[tid] = (attrs[tid] | int(bit)) if on else (attrs[tid] & ~int(bit))
 
     if any(s in pre_name for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
         s in arch for s in ("nomic-bert-moe", "jina-bert-v3")
     ):
         set_attr("<mask>", TokenAttr.LSTRIP)
     elif "phi-3" in name or "phi3" in name:
+        rstrip = int(TokenAttr.RSTRIP)
         for tid, attr in enumerate(attrs):
             if attr & SPECIAL:
-                attrs[tid] |= TokenAttr.RSTRIP
+                attrs[tid] |= rstrip
         set_attr("</s>", TokenAttr.RSTRIP)
         for text in ("<unk>", "<s>", "<|endoftext|>"):
             set_attr(text, TokenAttr.RSTRIP, on=False)
