@@ -69,6 +69,8 @@ class DenseGemv:
         if not x.is_contiguous():
             x = x.contiguous()
         n = len(ws)
+        if x.shape[0] == 0:  # no rows (an expert no token chose): nothing for the kernel
+            return self._empty((0, sum(w.shape[0] for w in ws)), dtype=x.dtype)
         biases = biases or (None,) * n
         ptrs = (ctypes.c_void_p * n)(*(w.data_ptr() for w in ws))
         n_outs = (ctypes.c_int64 * n)(*(w.shape[0] for w in ws))

@@ -75,6 +75,13 @@ def test_several_weights_and_biases_in_one_call(native):
     assert torch.equal(y[:, 8:12], with_bias.bfloat16())
 
 
+def test_no_rows_give_an_empty_output(native):
+    """A matmul of zero rows (an expert no token chose) is an empty result, not an error."""
+    ws = (torch.ones((6, 64), dtype=torch.bfloat16), torch.ones((2, 64), dtype=torch.bfloat16))
+    y = native.gemv_dense("BF16", ws, torch.empty((0, 64), dtype=torch.bfloat16))
+    assert y.shape == (0, 8) and y.dtype == torch.bfloat16
+
+
 def test_file_bytes_are_read_as_the_16_bit_values(native):
     """uint8 rows of the file (``(n_out, 2 n_in)``) give the same result as the tensor of
     their values."""
