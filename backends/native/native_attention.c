@@ -80,6 +80,98 @@ static inline __m256 hsum8x8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* Scores of one tile: p[hh * KV_TILE + jj] = dot(q row hh, K tile row jj) for hh < nh, every
+ * row of the tile (rows of dp floats, dp a multiple of VW). */
+#if defined(__AVX512F__)
+#define VW 16 /* floats per vector of the tile kernels */
+/* The 8 sums of a[0] .. a[7] (512-bit) as one 256-bit vector. */
+static inline __m256 hsum8x8_512(const __m512 a[8]) {
+    __m256 h[8];
+    for (int k = 0; k < 8; k++)
+        h[k] = _mm256_add_ps(_mm512_castps512_ps256(a[k]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[k]), 1)));
+    return hsum8x8(h);
+}
+
+/* Four heads x two rows at a time: each K and q vector loaded once for 4 or 2 FMAs. */
+static void tile_scores(const float *qf, int64_t nh, const float *kt, int64_t dp, float *p) {
+    for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+        const int64_t nb = nh - h0 < 4 ? nh - h0 : 4;
+        const float *q0 = qf + h0 * dp, *q1 = q0 + (nb > 1) * dp, *q2 = q0 + (nb > 2) * 2 * dp;
+        const float *q3 = q0 + (nb > 3) * 3 * dp; /* missing heads repeat head h0 */
+        for (int64_t jb = 0; jb < KV_TILE; jb += 2) {
+            __m512 a[8];
+            for (int k = 0; k < 8; k++) a[k] = _mm512_setzero_ps();
+            const float *k0 = kt + jb * dp, *k1 = k0 + dp;
+            for (int64_t i = 0; i < dp; i += 16) {
+                const __m512 r0 = _mm512_loadu_ps(k0 + i), r1 = _mm512_loadu_ps(k1 + i);
+                const __m512 v0 = _mm512_loadu_ps(q0 + i), v1 = _mm512_loadu_ps(q1 + i);
+                const __m512 v2 = _mm512_loadu_ps(q2 + i), v3 = _mm512_loadu_ps(q3 + i);
+                a[0] = _mm512_fmadd_ps(v0, r0, a[0]), a[1] = _mm512_fmadd_ps(v0, r1, a[1]);
+                a[2] = _mm512_fmadd_ps(v1, r0, a[2]), a[3] = _mm512_fmadd_ps(v1, r1, a[3]);
+                a[4] = _mm512_fmadd_ps(v2, r0, a[4]), a[5] = _mm512_fmadd_ps(v2, r1, a[5]);
+                a[6] = _mm512_fmadd_ps(v3, r0, a[6]), a[7] = _mm512_fmadd_ps(v3, r1, a[7]);
+            }
+            float sums[8];
+            _mm256_storeu_ps(sums, hsum8x8_512(a));
+            for (int64_t hh = 0; hh < nb; hh++) {
+                p[(h0 + hh) * KV_TILE + jb] = sums[2 * hh];
+                p[(h0 + hh) * KV_TILE + jb + 1] = sums[2 * hh + 1];
+            }
+        }
+    }
+}
+
+/* acc[hh] += sum_jj p[hh][jj] V tile row jj: four heads x one vector of values at a time,
+ * each V vector loaded once for four FMAs. */
+static void tile_pv(const float *p, int64_t nh, const float *vt, int64_t dvp, float *acc) {
+    for (int64_t h0 = 0; h0 < nh; h0 += 4) {
+        const int64_t nb = nh - h0 < 4 ? nh - h0 : 4;
+        const float *p0 = p + h0 * KV_TILE;
+        for (int64_t i = 0; i < dvp; i += 16) {
+            __m512 s[4];
+            for (int64_t hh = 0; hh < 4; hh++)
+                s[hh] = hh < nb ? _mm512_loadu_ps(acc + (h0 + hh) * dvp + i) : _mm512_setzero_ps();
+            for (int64_t jj = 0; jj < KV_TILE; jj++) {
+                const __m512 v = _mm512_loadu_ps(vt + jj * dvp + i);
+                for (int64_t hh = 0; hh < 4; hh++)
+                    s[hh] = _mm512_fmadd_ps(_mm512_set1_ps(p0[(hh < nb ? hh : 0) * KV_TILE + jj]), v, s[hh]);
+            }
+            for (int64_t hh = 0; hh < nb; hh++) _mm512_storeu_ps(acc + (h0 + hh) * dvp + i, s[hh]);
+        }
+    }
+}
+#else
+#define VW 8
+static void tile_scores(const float *qf, int64_t nh, const float *kt, int64_t dp, float *p) {
+    for (int64_t hh = 0; hh < nh; hh++)
+        for (int64_t jb = 0; jb < KV_TILE; jb += 8) {
+            __m256 a[8];
+            for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < dp; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(qf + hh * dp + i);
+                for (int jj = 0; jj < 8; jj++)
+                    a[jj] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + (jb + jj) * dp + i), a[jj]);
+            }
+            _mm256_storeu_ps(p + hh * KV_TILE + jb, hsum8x8(a));
+        }
+}
+
+static void tile_pv(const float *p, int64_t nh, const float *vt, int64_t dvp, float *acc) {
+    for (int64_t hh = 0; hh < nh; hh++) {
+        const float *ph = p + hh * KV_TILE;
+        for (int64_t i = 0; i < dvp; i += 8) {
+            __m256 s0 = _mm256_loadu_ps(acc + hh * dvp + i), s1 = _mm256_setzero_ps();
+            for (int64_t jj = 0; jj < KV_TILE; jj += 2) {
+                s0 = _mm256_fmadd_ps(_mm256_set1_ps(ph[jj]), _mm256_loadu_ps(vt + jj * dvp + i), s0);
+                s1 = _mm256_fmadd_ps(_mm256_set1_ps(ph[jj + 1]), _mm256_loadu_ps(vt + (jj + 1) * dvp + i), s1);
+            }
+            _mm256_storeu_ps(acc + hh * dvp + i, _mm256_add_ps(s0, s1));
+        }
+    }
+}
+#endif
+
 typedef struct {
     const void *k, *v;
     int k_type, v_type;
@@ -107,18 +199,9 @@ static void attend_range(const kv_cache *c, const float *qf, int64_t nh, const i
         }
         if (!any) continue;
         int used = 0; /* whether some head gives a row of this tile a nonzero weight */
+        tile_scores(qf, nh, kt, dp, p);
         for (int64_t hh = 0; hh < nh; hh++) {
             float *ph = p + hh * KV_TILE, tile_max = -INFINITY;
-            for (int64_t jb = 0; jb < KV_TILE; jb += 8) {
-                __m256 a[8];
-                for (int jj = 0; jj < 8; jj++) a[jj] = _mm256_setzero_ps();
-                for (int64_t i = 0; i < dp; i += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qf + hh * dp + i);
-                    for (int jj = 0; jj < 8; jj++)
-                        a[jj] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt + (jb + jj) * dp + i), a[jj]);
-                }
-                _mm256_storeu_ps(ph + jb, hsum8x8(a));
-            }
             for (int64_t jj = 0; jj < KV_TILE; jj++) {
                 if (!live[jj]) ph[jj] = -INFINITY;
                 if (ph[jj] > tile_max) tile_max = ph[jj];
@@ -151,17 +234,7 @@ static void attend_range(const kv_cache *c, const float *qf, int64_t nh, const i
             if (live[jj]) load_row(c->v, c->v_type, cells[j0 + jj] * c->h_kv + g, c->dv, dvp, vt + jj * dvp);
             else memset(vt + jj * dvp, 0, sizeof(float) * (size_t)dvp);
         }
-        for (int64_t hh = 0; hh < nh; hh++) {
-            const float *ph = p + hh * KV_TILE;
-            for (int64_t i = 0; i < dvp; i += 8) {
-                __m256 s0 = _mm256_loadu_ps(acc + hh * dvp + i), s1 = _mm256_setzero_ps();
-                for (int64_t jj = 0; jj < KV_TILE; jj += 2) {
-                    s0 = _mm256_fmadd_ps(_mm256_set1_ps(ph[jj]), _mm256_loadu_ps(vt + jj * dvp + i), s0);
-                    s1 = _mm256_fmadd_ps(_mm256_set1_ps(ph[jj + 1]), _mm256_loadu_ps(vt + (jj + 1) * dvp + i), s1);
-                }
-                _mm256_storeu_ps(acc + hh * dvp + i, _mm256_add_ps(s0, s1));
-            }
-        }
+        tile_pv(p, nh, vt, dvp, acc);
     }
 }
 
@@ -183,7 +256,8 @@ int tsr_attention_kv(const void *q, int64_t t, int64_t h, int64_t d, const void 
         if (splits > MAX_SPLITS) splits = MAX_SPLITS;
     }
     const int64_t span = (r + splits - 1) / splits, tasks = base * splits;
-    kv_cache c = {k_cache, v_cache, k_type, v_type, h_kv, d, dv, (d + 7) / 8 * 8, (dv + 7) / 8 * 8};
+    kv_cache c = {k_cache, v_cache, k_type, v_type, h_kv, d, dv, (d + VW - 1) / VW * VW,
+                  (dv + VW - 1) / VW * VW};
     const int64_t part = HB * (c.dvp + 2); /* per task: m, l, acc of its heads */
     float *parts = malloc(sizeof(float) * (size_t)(tasks * part));
     if (!parts) return 0;
