@@ -63,13 +63,39 @@ def test_two_turns_save_clear_and_load(chat, tmp_path):
     assert s.wait() == 0
 
 
-@pytest.mark.skip(
-    reason="timing-dependent: with the native kernels the 120-token answer can end before "
-    "Ctrl-C arrives; to be rewritten with an engine held mid-answer"
-)
-def test_ctrl_c_stops_the_answer_and_the_next_question_is_answered(chat, tmp_path):
+# Loaded into the chat process through PYTHONPATH: once the answer's first word is shown the
+# stream holds (as a slow model would) until Ctrl-C, however fast this machine is.
+_HOLD_AFTER_FIRST_WORD = """
+import time
+from tessera.text import stream
+
+feed, shown = stream.StreamDecoder.feed, []
+
+def feed_then_hold(self, token):
+    piece = feed(self, token)
+    if shown is not None:
+        shown.append(piece)
+        text = "".join(shown).lstrip()
+        if any(c.isspace() for c in text):
+            globals()["shown"] = None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+    return piece
+
+stream.StreamDecoder.feed = feed_then_hold
+"""
+
+
+def test_ctrl_c_stops_the_answer_and_the_next_question_is_answered(chat, tmp_path, monkeypatch):
+    hook = tmp_path / "hold"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_HOLD_AFTER_FIRST_WORD, encoding="utf-8")
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    )
     whole = greedy_answer([user(Q1)], 120, ignore_eos=True)
-    s = chat("-n", "120", "--ignore-eos")  # long enough to be cut on a fast machine
+    s = chat("-n", "120", "--ignore-eos")
     s.expect("> ")
     s.line(Q1)
     s.expect(Q1 + "\n")  # the echo of the line typed

@@ -95,24 +95,27 @@ def test_stop_ends_the_stream_and_frees_the_slot(driver, chat_server, monkeypatc
     srv = chat_server
     fresh_page(driver, srv.url)
     _settings(driver, max_tokens=200)
-    # the engine thread is held right after the first token, so the click lands
-    # mid-answer however fast the model is
-    gate, first_token = threading.Event(), threading.Event()
+    # the engine is paced until the page shows a piece, then held at its next token, so
+    # the click lands mid-answer however fast the model is (the first tokens may show
+    # nothing: a "<think>" tag the reasoning parser keeps, a partial UTF-8 character)
+    piece_shown, gate = threading.Event(), threading.Event()
     emit_token = SlotEngine.emit_token
 
-    def emit_then_hold(engine, slot, event):
+    def emit_paced_then_hold(engine, slot, event):
         emit_token(engine, slot, event)
-        if not first_token.is_set():
-            first_token.set()
+        if piece_shown.is_set():
             gate.wait(60)
+        else:
+            time.sleep(0.1)
 
-    monkeypatch.setattr(SlotEngine, "emit_token", emit_then_hold)
+    monkeypatch.setattr(SlotEngine, "emit_token", emit_paced_then_hold)
     engine = srv.model.engine
     predicted_before = engine.metrics.n_tokens_predicted
     send(driver, "Go on.")
     try:
         wait(driver, lambda d: int(css(d, ".msg.assistant")[-1].get_attribute("data-chunks")) > 0,
              timeout=60, what="the first piece")  # fmt: skip
+        piece_shown.set()
         assert css(driver, "#chat-send")[0].is_displayed() is False
         click(driver, "#chat-stop")
         stopped = last_answer(driver, "stopped")
