@@ -161,10 +161,17 @@ def _load(backend: Backend, args: dict[str, Any], as_seen_by: Backend | None) ->
     return out
 
 
+def case_offered(backend: Backend, case: Case) -> bool:
+    """Whether ``backend`` takes ``case``: the case's own predicate (e.g. a KV storage type
+    the backend must hold) where it has one, else the backend's probe of its op."""
+    if case.supported is not None:
+        return case.supported(backend)
+    return backend.supports(Op(case.op, case.probe, backend.dtype))
+
+
 def run_case(backend: Backend, case: Case, reference: Backend) -> CaseResult:
     """Run ``case`` on ``backend`` and ``reference`` and compare them (no pytest needed)."""
-    offered = case.supported or (lambda b: b.supports(Op(case.op, case.probe, b.dtype)))
-    if not offered(backend):
+    if not case_offered(backend, case):
         return CaseResult(case.id, "not supported", message=f"{backend.name} declined {case.id}")
     args = case.inputs()
     got = backend.to_numpy(case.call(backend, _load(backend, args, None)))

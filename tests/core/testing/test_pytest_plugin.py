@@ -12,7 +12,6 @@ import pytest
 # extension) cannot be imported twice in one process, so import it before any such run.
 import torch  # noqa: F401
 
-from tessera.contract.ops import Op
 from tessera.contract.quant import QuantType
 from tessera.plugin_manager import Runtime
 from tessera.testing.pytest_plugin import default_runtime
@@ -66,16 +65,16 @@ def test_kits_pass_on_the_builtin_plugins(pytester):
     )
     # Every case numpy's probe accepts passes, the others are "not supported"; plus the 7
     # quant checks (5 facts, 2 references) and the 3 architecture checks.
-    from tessera.testing.conformance.kit import conformance_cases, reference_backend
+    from tessera.testing.conformance.kit import case_offered, conformance_cases
 
     rt = default_runtime()
     cases = conformance_cases(rt)
-    supported = sum(reference_backend(rt).supports(Op(c.op, c.probe)) for c in cases)
+    numpy_backend = rt.create_backend("numpy")
+    supported = sum(case_offered(numpy_backend, c) for c in cases)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("errors", 0) == 0, outcomes
     assert outcomes["passed"] + outcomes["skipped"] == len(cases) + 7 + 3, outcomes
-    # two cases the direct probe accepts are declined by the kit (not yet explained)
-    assert supported + 10 - 2 <= outcomes["passed"] <= supported + 10, (outcomes, supported)
+    assert outcomes["passed"] == supported + 10, (outcomes, supported)
     # Stable ids: one family can be selected with -k.
     result = run_kit(
         pytester,
