@@ -4,7 +4,7 @@ One object loads the model (the bundled one when none is named), keeps one conte
 generates through a :class:`~tessera.engine.cached_sequence.CachedSequence`, so a prompt
 that starts like the previous one (the next turn of a chat) evaluates only what is new.
 ``complete`` and ``chat`` return OpenAI-shaped dicts (:mod:`tessera.llm_responses`), or
-iterators of chunks with ``stream=True``; sampling keywords are OpenAI's. See
+iterators of chunks with ``stream=True`` (or from ``stream``); sampling keywords are OpenAI's. See
 docs/python-api.md. An LLM runs one generation at a time: starting one closes a stream
 still open on the same object.
 """
@@ -161,9 +161,7 @@ class LLM:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, seed=seed,
         )  # fmt: skip
-        totals = RunTotals()
-        pieces = self._generate(tokens, params, max_tokens, stop, totals)
-        response = Response.new("cmpl", self.model_name)
+        pieces, totals, response = self._generate("cmpl", tokens, params, max_tokens, stop)
         if stream:
             return completion_chunks(response, pieces, totals)
         return response.completion("".join(pieces), totals)
@@ -190,12 +188,17 @@ class LLM:
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             repeat_penalty=repeat_penalty, seed=seed,
         )  # fmt: skip
-        totals = RunTotals()
-        pieces = self._generate(tokens, params, max_tokens, stop, totals)
-        response = Response.new("chatcmpl", self.model_name)
+        pieces, totals, response = self._generate("chatcmpl", tokens, params, max_tokens, stop)
         if stream:
             return chat_chunks(response, pieces, totals)
         return response.chat_completion("".join(pieces), totals)
+
+    def stream(
+        self, prompt: str | Sequence[int] | list[dict], **sampling: Any
+    ) -> Iterator[dict[str, Any]]:
+        """The chunks of :meth:`chat` for a list of messages, else of :meth:`complete`."""
+        is_chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
+        return (self.chat if is_chat else self.complete)(prompt, stream=True, **sampling)
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The prompt text :meth:`chat` evaluates for ``messages``."""
@@ -205,14 +208,15 @@ class LLM:
 
     def _generate(
         self,
+        kind: str,
         tokens: list[int],
         params: SamplerParams,
         max_tokens: int | None,
         stop: str | Sequence[str] | None,
-        totals: RunTotals,
-    ) -> Iterator[str]:
-        """Check what can be checked now, then the text pieces (stop strings applied)."""
-        seq = self._sequence()
+    ) -> tuple[Iterator[str], RunTotals, Response]:
+        """Check what can be checked now; then the text pieces (stop strings applied), the
+        totals they fill in and the ``kind`` of response (``cmpl``, ``chatcmpl``) they make."""
+        seq, totals = self._sequence(), RunTotals()
         check_prompt(seq.ctx, tokens)  # refused before a stream is handed back, or one closed
         stops = StopStringMatcher([stop] if isinstance(stop, str) else list(stop or ()))
         totals.n_prompt = len(tokens)
@@ -221,7 +225,7 @@ class LLM:
         if self._active is not None:
             self._active.close()  # its record of the cache is settled before the cache moves
         self._active = pieces
-        return pieces
+        return pieces, totals, Response.new(kind, self.model_name)
 
     def _pieces(
         self,

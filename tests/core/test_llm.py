@@ -143,6 +143,22 @@ def test_completion_stream_chunks_validate_and_join_to_the_text(llm):
     assert len(chunks) > 2
 
 
+def test_stream_gives_chat_chunks_for_messages_and_completion_chunks_for_a_prompt(llm):
+    chat_ids = _chat_tokens(llm, MESSAGES)
+    chat_text = _oracle(llm, chat_ids, 10, GREEDY)[0]
+    chunks = list(llm.stream(MESSAGES, max_tokens=10, temperature=0))
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == chat_text
+    prompt_ids = llm.tokenize(PROMPT)
+    text = _oracle(llm, prompt_ids, 10, GREEDY)[0]
+    for prompt in (PROMPT, prompt_ids):  # text, or token ids
+        chunks = list(llm.stream(prompt, max_tokens=10, temperature=0))
+        for chunk in chunks:
+            StreamedCompletion.model_validate(chunk)
+        assert "".join(c["choices"][0]["text"] for c in chunks) == text
+
+
 def test_a_stop_string_cuts_the_text_before_it(llm):
     full = llm.complete(PROMPT, max_tokens=16, temperature=0)["choices"][0]["text"]
     stop = full[5:8]
