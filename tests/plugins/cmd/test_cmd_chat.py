@@ -1,6 +1,7 @@
 """``tessera chat`` in a pseudo-terminal, typed at as a user would: every answer equals the
 engine's greedy generate on the whole conversation so far; Ctrl-C stops an answer and the
-next question is answered; /save, /load and /clear; Ctrl-C twice or Ctrl-D leaves."""
+next question is answered; /save, /load, /clear and /system; the line is edited and recalled
+with readline; Ctrl-C twice or Ctrl-D leaves."""
 
 from __future__ import annotations
 
@@ -60,6 +61,27 @@ def test_two_turns_save_clear_and_load(chat, tmp_path):
     s.line(Q3)
     s.expect(greedy_answer([*saved["messages"], user(Q3)], 12) + "\n> ")
     s.send("\x04")  # Ctrl-D
+    assert s.wait() == 0
+
+
+def test_system_then_a_line_edited_and_one_recalled_from_the_history(chat, tmp_path):
+    system = {"role": "system", "content": "You are terse."}
+    s = chat("-n", "8")
+    s.expect("> ")
+    s.line("/system You are terse.")
+    s.expect("system message set")
+    s.expect("> ")
+    s.line(Q1[:-2] + "X\x7f" + Q1[-2:])  # a typo, Backspace, the rest: readline edits the line
+    a1 = greedy_answer([system, user(Q1)], 8)
+    s.expect(a1 + "\n> ")
+    s.line("\x1b[A")  # the Up arrow brings the last question back
+    a2 = greedy_answer([system, user(Q1), assistant(a1), user(Q1)], 8)
+    s.expect(a2 + "\n> ")
+    s.line("/save h.json")
+    s.expect("saved 5 messages")
+    saved = json.loads((tmp_path / "h.json").read_text(encoding="utf-8"))["messages"]
+    assert saved == [system, user(Q1), assistant(a1), user(Q1), assistant(a2)]
+    s.line("/exit")
     assert s.wait() == 0
 
 
