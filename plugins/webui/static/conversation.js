@@ -9,6 +9,7 @@ export const SAMPLERS = [
   { name: "top_k", label: "Top k", step: "1", min: "0", hint: "40", integer: true },
   { name: "min_p", label: "Min p", step: "0.01", min: "0", max: "1", hint: "0.05" },
   { name: "repeat_penalty", label: "Repeat penalty", step: "0.05", min: "0.05", hint: "1.0" },
+  { name: "repeat_last_n", label: "Repeat last n", step: "1", min: "-1", hint: "64", integer: true },
   { name: "max_tokens", label: "Max tokens", step: "1", min: "1", hint: "until the end", integer: true },
   { name: "seed", label: "Seed", step: "1", min: "-1", hint: "random", integer: true },
 ];

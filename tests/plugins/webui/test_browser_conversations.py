@@ -45,6 +45,7 @@ def _values(driver) -> dict[str, str]:
         "top_k",
         "min_p",
         "repeat_penalty",
+        "repeat_last_n",
         "max_tokens",
         "seed",
     )
@@ -72,7 +73,7 @@ def test_settings_belong_to_their_conversation_and_reach_the_server(driver, conv
         wait(driver, lambda d: css(d, "#chat-log .empty-chat"), what="a new chat")
         assert _values(driver)["temperature"] == "0.3"  # a new chat starts from the last one's
         second = {"system": "", "temperature": "1.2", "top_p": "0.5", "repeat_penalty": "1.3",
-                  "top_k": "", "seed": ""}  # fmt: skip
+                  "repeat_last_n": "-1", "top_k": "", "seed": ""}  # fmt: skip
         for name, value in second.items():
             type_into(driver, f"#set-{name}", value)
         send(driver, "Beta")
@@ -86,6 +87,7 @@ def test_settings_belong_to_their_conversation_and_reach_the_server(driver, conv
     )
     assert a.max_tokens == 5 and "You are terse." in prompt_text(srv, a)
     assert (b.sampler.temperature, b.sampler.top_p, b.sampler.repeat_penalty) == (1.2, 0.5, 1.3)
+    assert (a.sampler.repeat_last_n, b.sampler.repeat_last_n) == (64, -1)  # default, then given
     assert b.sampler.top_k == 40 and "You are terse." not in prompt_text(srv, b)  # defaults
     expected_a = {**dict.fromkeys(_values(driver), ""), **first}
     expected_b = {**expected_a, **second}
