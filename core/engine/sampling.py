@@ -1,7 +1,10 @@
-"""Token sampling: penalties, top-k, top-p, min-p, temperature and a seeded draw.
+"""Token sampling: the settings of the sampler chain and the seeded sampler that runs it.
 
-The order follows llama.cpp's default chain: repetition penalty -> top-k -> top-p ->
-min-p -> temperature -> draw. A temperature of 0 (or below) means greedy.
+The order follows llama.cpp's default chain (see :mod:`tessera.engine.sampler_chain`):
+penalties -> DRY -> top-n-sigma -> top-k -> typical-p -> top-p -> min-p -> XTC ->
+temperature -> draw. A temperature of 0 (or below) means greedy: the most likely token
+after the penalties and DRY, the history-dependent stages (the truncating stages would
+keep it, except typical-p and XTC, which are for sampling and are skipped).
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from tessera.engine import sampler_chain as chain
+from tessera.engine.dry import DEFAULT_BREAKERS, DryBreakers, dry_penalty
 from tessera.errors import TesseraError
 
 #: ``seed`` asking for a random seed, as llama.cpp's ``--seed -1`` and ``"seed": -1``.
 RANDOM_SEED = -1
 #: numpy's ``default_rng`` takes seeds in ``[0, SEED_LIMIT)`` here.
 SEED_LIMIT = 2**64
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 class SamplerParamError(TesseraError):
@@ -88,10 +92,24 @@ def _seed_range(instance, attribute, value):
         )
 
 
+def _strings(value: object) -> tuple[str, ...]:
+    """A list of strings as a tuple (a lone string is not taken for a list of letters)."""
+    if (
+        isinstance(value, str)
+        or not isinstance(value, Sequence)
+        or not all(isinstance(v, str) for v in value)
+    ):
+        message = f"dry_sequence_breakers must be a list of strings, got {value!r}"
+        raise SamplerParamError("dry_sequence_breakers", message)
+    return tuple(value)
+
+
 @attrs.frozen
 class SamplerParams:
-    """Sampling settings (llama.cpp flags: --temp --top-k --top-p --min-p --repeat-penalty
-    --repeat-last-n --seed); each checks its range and raises :class:`SamplerParamError`."""
+    """Sampling settings under llama.cpp's names (flags --temp --top-k --top-p --min-p
+    --repeat-penalty --repeat-last-n --presence-penalty --frequency-penalty --typical
+    --top-n-sigma --xtc-* --dry-* --seed); each checks its range and raises
+    :class:`SamplerParamError`."""
 
     temperature: float = attrs.field(
         default=0.8, validator=_check(False, note="0 or below = greedy")
@@ -107,12 +125,41 @@ class SamplerParams:
     repeat_last_n: int = attrs.field(
         default=64, validator=_check(True, -1, note="0 = off, -1 = the whole context")
     )
+    #: Subtracted once from the logit of every token seen in the last repeat_last_n.
+    presence_penalty: float = attrs.field(default=0.0, validator=_check(False, note="0 = off"))
+    #: Subtracted from a seen token's logit once per time it was seen.
+    frequency_penalty: float = attrs.field(default=0.0, validator=_check(False, note="0 = off"))
+    typical_p: float = attrs.field(default=1.0, validator=_check(False, note="1 or above = off"))
+    top_n_sigma: float = attrs.field(default=-1.0, validator=_check(False, note="0 or below = off"))
+    xtc_probability: float = attrs.field(default=0.0, validator=_check(False, 0, 1, note="0 = off"))
+    xtc_threshold: float = attrs.field(
+        default=0.1, validator=_check(False, 0, 1, note="above 0.5 = off")
+    )
+    dry_multiplier: float = attrs.field(default=0.0, validator=_check(False, 0, note="0 = off"))
+    dry_base: float = attrs.field(default=1.75, validator=_check(False, 1))
+    dry_allowed_length: int = attrs.field(default=2, validator=_check(True, 0))
+    dry_penalty_last_n: int = attrs.field(
+        default=64, validator=_check(True, -1, note="0 = off, -1 = the whole context")
+    )
+    #: The breakers as text (what a request gave, what /props shows) ...
+    dry_sequence_breakers: tuple[str, ...] = attrs.field(
+        default=DEFAULT_BREAKERS, converter=_strings
+    )
+    #: ... and in token form, made with the model's vocabulary (None: no breakers yet).
+    dry_breakers: DryBreakers | None = attrs.field(default=None, eq=False, repr=False)
     #: None (or -1, stored as None): a random seed.
     seed: int | None = attrs.field(default=None, converter=_random_seed, validator=_seed_range)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def needs_full_distribution(self) -> bool:
+        """Whether a stage reads every candidate's probability: typical-p, top-n-sigma or
+        XTC (a constrained sampler cannot then look at only the best few tokens)."""
+        xtc_on = self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
+        return self.typical_p < 1.0 or self.top_n_sigma > 0.0 or xtc_on
 
 
 class Sampler:
@@ -123,21 +170,28 @@ class Sampler:
         self.rng = np.random.default_rng(self.params.seed)
 
     def apply_penalty(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The history-dependent stages: repetition/frequency/presence penalties, then DRY."""
         p = self.params
-        if p.repeat_penalty == 1.0 or p.repeat_last_n == 0 or not len(history):
-            return logits
-        window = history if p.repeat_last_n < 0 else history[-p.repeat_last_n :]
-        recent = np.unique(np.asarray(window, dtype=np.int64))
-        logits = logits.copy()
-        seen = logits[recent]
-        # a penalty near 0 or a huge one overflows: clipped, as an infinite logit makes NaN odds
-        with np.errstate(over="ignore", divide="ignore"):
-            penalized = np.where(seen > 0, seen / p.repeat_penalty, seen * p.repeat_penalty)
-        logits[recent] = np.clip(penalized, -_F32_MAX, _F32_MAX)
-        return logits
+        logits = chain.penalties(
+            logits,
+            history,
+            p.repeat_last_n,
+            p.repeat_penalty,
+            p.frequency_penalty,
+            p.presence_penalty,
+        )
+        return dry_penalty(
+            logits,
+            history,
+            p.dry_multiplier,
+            p.dry_base,
+            p.dry_allowed_length,
+            p.dry_penalty_last_n,
+            p.dry_breakers,
+        )
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """One token id from a ``(n_vocab,)`` logits row; ``history`` feeds the penalty."""
+        """One token id from a ``(n_vocab,)`` logits row; ``history`` feeds the penalties."""
         logits = self.apply_penalty(np.asarray(logits, dtype=np.float32), history)
         if self.params.greedy:
             return int(np.argmax(logits))
@@ -157,23 +211,11 @@ class Sampler:
         return out
 
     def _candidates(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids left after top-k, top-p and min-p, and their tempered probabilities."""
+        """Token ids left after the truncating stages, and their tempered probabilities."""
         p = self.params
-        ids = np.arange(len(logits))
-        if 0 < p.top_k < len(logits):
-            keep = np.argpartition(-logits, p.top_k - 1)[: p.top_k]
-            ids, logits = keep, logits[keep]
-        order = np.argsort(-logits, kind="stable")
-        ids, logits = ids[order], logits[order].astype(np.float64)
-        probs = np.exp(logits - logits[0])
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            # keep the smallest prefix whose mass reaches top_p (at least one token)
-            n = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1
-            ids, logits, probs = ids[:n], logits[:n], probs[:n]
-        if p.min_p > 0.0:
-            n = max(1, int(np.count_nonzero(probs >= p.min_p * probs[0])))
-            ids, logits = ids[:n], logits[:n]
-        scaled = (logits - logits[0]) / p.temperature
-        weights = np.exp(scaled)
-        return ids, weights / weights.sum()
+        ids, kept = chain.top_k(chain.top_n_sigma(logits, p.top_n_sigma), p.top_k)
+        ids, kept = chain.typical(ids, kept, p.typical_p)
+        ids, kept = chain.top_p(ids, kept, p.top_p)
+        ids, kept = chain.min_p(ids, kept, p.min_p)
+        ids, kept = chain.xtc(ids, kept, p.xtc_probability, p.xtc_threshold, self.rng)
+        return ids, chain.tempered(kept, p.temperature)

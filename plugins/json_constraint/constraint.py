@@ -216,6 +216,8 @@ class JsonConstraint:
         those above the min-p bar), so those are found by walking the logits in order.
         """
         p, tries = sampler.params, self.factory.rejection_tries
+        if not p.greedy and p.needs_full_distribution:
+            return None  # typical-p, top-n-sigma and XTC read every allowed token's odds
         n = len(logits)
         top_k = p.top_k if 0 < p.top_k < n else 0
         if p.greedy or (top_k == 0 and p.top_p >= 1.0 and p.min_p <= 0.0):
