@@ -21,6 +21,7 @@ from tessera.errors import (
     UnknownNameError,
     UnknownQuantTypeError,
     UnknownSpecDecoderError,
+    UnknownTokenizerError,
 )
 
 
@@ -122,6 +123,14 @@ KINDS: dict[str, CatalogueKind] = {
         "Pick one with --spec-type or install its plugin",
         none="none (no spec-decoder plugin is loaded)",
     ),
+    "tokenizer_kind": CatalogueKind(
+        "tessera_register_tokenizer_kinds",
+        lambda k: k.models,
+        UnknownTokenizerError,
+        "tokenizer model '{name}' is not supported; the core runs {where}, the installed "
+        "plugins {known}. Use a model with one of those vocabularies or install its plugin",
+        label=lambda k: ", ".join(k.models),
+    ),
 }
 
 
@@ -199,9 +208,6 @@ class Catalogues:
 
     def architectures(self) -> dict[str, Any]:
         return self.catalogue("architecture")
-
-    def hf_architectures(self) -> dict[str, Any]:
-        return self.catalogue("hf_architecture")
 
     def quant_types(self) -> dict[int, Any]:
         return self.catalogue("quant_type")

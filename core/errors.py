@@ -32,6 +32,14 @@ class UnknownSpecDecoderError(UnknownNameError):
     """No installed speculative decoder has the requested ``--spec-type``."""
 
 
+class TokenizerError(TesseraError):
+    """A vocabulary is missing, malformed or of a kind tessera cannot tokenize."""
+
+
+class UnknownTokenizerError(UnknownNameError, TokenizerError):
+    """No installed tokenizer kind runs the vocabulary's ``tokenizer.ggml.model``."""
+
+
 class ContextOverflowError(TesseraError):
     """A prompt or batch does not fit in the context window."""
 

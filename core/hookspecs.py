@@ -32,6 +32,8 @@ Every registered object is plain data or an instance of a documented base class:
   :class:`tessera.contract.comm.Communicator`
 - :class:`tessera.contract.spec.SpecDecoderInfo` creating a
   :class:`tessera.contract.spec.SpecDecoder`
+- :class:`tessera.contract.tokenizer_kind.TokenizerKindInfo` building a
+  :class:`tessera.contract.tokenizer_kind.VocabModel`
 - :class:`tessera.switches.Switch` (an environment switch)
 
 A later registration under a name already taken is reported as a conflict and ignored, so
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from tessera.contract.quant import QuantType, WeightKernel
     from tessera.contract.routes import ServerRoute
     from tessera.contract.spec import SpecDecoderInfo
+    from tessera.contract.tokenizer_kind import TokenizerKindInfo
     from tessera.switches import Switch
 
 PROJECT_NAME = "tessera"
@@ -236,6 +239,24 @@ def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) 
     drafter with a cache of its own removes its rejected cells itself (``KVCache.seq_rm``).
     Whatever the drafter proposes, the output equals the target's alone (greedy) or is
     distributed like it (sampling); a drafter only changes the speed.
+    """
+
+
+@hookspec
+def tessera_register_tokenizer_kinds(register: Callable[[TokenizerKindInfo], None]) -> None:
+    """Register tokenizer kinds: tokenizers for vocabularies the core does not run.
+
+    Called once, when a vocabulary's ``tokenizer.ggml.model`` is none of the core's
+    (``llama``, ``gpt2`` and the BPE models, ``bert``), and by ``tessera plugins``. Call
+    ``register(TokenizerKindInfo(...))`` (:mod:`tessera.contract.tokenizer_kind`);
+    ``models`` are the ``tokenizer.ggml.model`` values it runs (``("t5",)``).
+    ``build(Vocabulary)`` gets the flags, tokens, ids, scores, attributes, special ids and
+    ``tokenizer.*`` metadata, and returns an object with ``encode(text, after_special) ->
+    list[int]`` for raw text (special tokens already cut out), or raises
+    :class:`tessera.errors.TokenizerError` naming what the vocabulary lacks. ``render(text,
+    attr) -> bytes`` renders one token when the kind stores tokens its own way (None:
+    SentencePiece's ``▁`` and ``<0xXX>``); ``framed``, ``add_bos``, ``add_eos`` and
+    ``special_ids`` are llama.cpp's defaults for the kind. An unregistered model is refused.
     """
 
 

@@ -244,6 +244,10 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
             {"name": name, "description": info.description}
             for name, info in runtime.expert_caches().items()
         ],
+        "tokenizer_kinds": [
+            {"name": k.name, "models": list(k.models), "description": k.description}
+            for k in dict.fromkeys(runtime.catalogue("tokenizer_kind").values())
+        ],
         "switches": switch_entries(runtime),
     }
 
@@ -281,6 +285,8 @@ def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
         print(f"spec decoder {name}: {info.description}")
     for name, info in runtime.expert_caches().items():
         print(f"expert cache {name}: {info.description}")
+    for kind in dict.fromkeys(runtime.catalogue("tokenizer_kind").values()):
+        print(f"tokenizer kind {kind.name} ({', '.join(kind.models)}): {kind.description}")
     for conflict in runtime.conflicts:
         print(f"conflict: {conflict}")
     return 0

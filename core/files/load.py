@@ -180,7 +180,7 @@ def load_model(
     has_vocab = (
         (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
     )
-    tokenizer = _tokenizer(path, metadata) if has_vocab else None
+    tokenizer = _tokenizer(path, metadata, runtime) if has_vocab else None
     identity = model_identity(metadata, raw)
     types = {name: qtype.name for name, qtype in qtypes.items()}
     return Model(
@@ -252,12 +252,12 @@ def stored_tensor(raw: RawTensor, qtype: Any) -> RawTensor:
     return RawTensor(raw.name, raw.ggml_type, raw.shape, raw.data[:n_bytes])
 
 
-def _tokenizer(path: Path, metadata: Mapping[str, Any]) -> Any | None:
+def _tokenizer(path: Path, metadata: Mapping[str, Any], runtime: Any) -> Any | None:
     from tessera.text.tokenizer import Tokenizer
 
     if path.is_dir():
         return Tokenizer.from_hf_dir(path)
-    return Tokenizer.from_gguf_metadata(metadata)
+    return Tokenizer.from_gguf_metadata(metadata, runtime)
 
 
 _SAFETENSORS_TYPES = {"F32": 0, "F16": 1}

@@ -2,10 +2,10 @@
 
 A GGUF file carries its vocabulary as ``tokenizer.*`` metadata. :class:`Tokenizer` rebuilds the
 tokenizer it names — SentencePiece-style BPE over scores (``llama``), BPE after a pre-tokenizer
-split (``gpt2`` and the other BPE kinds), WordPiece (``bert``), Unigram (``t5``), RWKV's greedy
-trie or PLaMo-2's table — and applies llama.cpp's rules around it: special tokens are cut out
-of the text first (longest first; control tokens only when asked), and BOS/EOS/SEP are added
-as llama.cpp adds them for that kind.
+split (``gpt2`` and the other BPE kinds), WordPiece (``bert``), or a tokenizer-kind plugin's
+(Unigram ``t5``, RWKV's greedy trie, PLaMo-2's table) — and applies llama.cpp's rules around
+it: special tokens are cut out of the text first (longest first; control tokens only when
+asked), and BOS/EOS/SEP are added as llama.cpp adds them for that kind.
 
 Decoding joins each token's bytes (llama.cpp's ``token_to_piece``) and drops the one prefix space
 the encoder added; llama.cpp's optional "clean spaces" rewrite of BPE output (removing the space
@@ -25,6 +25,7 @@ from tessera.text.pre import PreTokenizer
 from tessera.text.stream import StreamDecoder
 from tessera.text.tokenizer_kinds import build_model, render_token
 from tessera.text.vocab import (
+    DEFAULT_IDS,
     HIDDEN,
     SPECIAL,
     TokenAttr,
@@ -40,16 +41,20 @@ from tessera.text.vocab_config import vocab_config
 __all__ = ["Tokenizer", "TokenizerError", "TokenType"]
 
 _C_SPACE = " \t\n\v\f\r"  # what C's isspace() strips around lstrip/rstrip special tokens
-# The kinds whose encode llama.cpp frames with BOS/EOS (WPM always adds BOS and SEP instead).
-_FRAMED = ("spm", "bpe", "ugm")
+# The core kinds whose encode llama.cpp frames with BOS/EOS (WPM always adds BOS and SEP
+# instead); a plugin's kind says it in TokenizerKindInfo.framed.
+_FRAMED = ("spm", "bpe")
 
 
 class Tokenizer:
-    """A vocabulary with llama.cpp's encode/decode rules; build it with a ``from_*`` method."""
+    """A vocabulary with llama.cpp's encode/decode rules; build it with a ``from_*`` method.
 
-    def __init__(self, metadata: Mapping[str, Any]) -> None:
+    ``runtime`` (a :class:`tessera.plugin_manager.Runtime`) provides the plugins' tokenizer
+    kinds; without it only the core's kinds are run."""
+
+    def __init__(self, metadata: Mapping[str, Any], runtime: Any = None) -> None:
         self._meta = {k: v for k, v in metadata.items() if k.startswith("tokenizer.")}
-        config = vocab_config(metadata)
+        config = vocab_config(metadata, runtime)
         self.config = config
         self.model: str = config.model
         # llama.cpp names empty tokens so that every token has a text
@@ -69,8 +74,9 @@ class Tokenizer:
         self.chat_template: str | None = metadata.get("tokenizer.chat_template")
         self.add_space_prefix = config.add_space_prefix
         self.pre: PreTokenizer | None = config.pre
+        defaults = DEFAULT_IDS[config.model] if config.plugin is None else config.plugin.special_ids
         ids = special_ids(
-            metadata, config.model, n, default_bos=config.pre is None or config.pre.has_bos
+            metadata, defaults, n, default_bos=config.pre is None or config.pre.has_bos
         )
         self.eog_ids = apply_load_rules(self._tokens, self._ids, self._attrs, ids)
         self.special = ids
@@ -83,7 +89,7 @@ class Tokenizer:
         self.pad_id: int | None = ids["pad"]
         self.mask_id: int | None = ids["mask"]
         self.add_bos, self.add_eos, self.add_sep = config.add_bos, config.add_eos, config.add_sep
-        framed = config.kind in _FRAMED
+        framed = config.kind in _FRAMED or (config.plugin is not None and config.plugin.framed)
         self._bos_on_encode = (
             self.bos_id if config.kind == "wpm" or (framed and self.add_bos) else None
         )
@@ -111,9 +117,9 @@ class Tokenizer:
     # -- construction ---------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], runtime: Any = None) -> Tokenizer:
         """Build the tokenizer a GGUF file describes (its ``tokenizer.*`` metadata)."""
-        return cls(metadata)
+        return cls(metadata, runtime)
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike[str]) -> Tokenizer:
@@ -121,14 +127,14 @@ class Tokenizer:
         return cls(hf_dir_metadata(Path(path)))
 
     @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> Tokenizer:
+    def from_path(cls, path: str | os.PathLike[str], runtime: Any = None) -> Tokenizer:
         """The tokenizer of a GGUF file (vocab-only files work) or a Hugging Face folder."""
         from tessera.files.gguf import read_gguf
 
         path = Path(path)
         if path.is_dir():
             return cls.from_hf_dir(path)
-        return cls.from_gguf_metadata(read_gguf(path).metadata)
+        return cls.from_gguf_metadata(read_gguf(path).metadata, runtime)
 
     # -- properties -------------------------------------------------------------------------
 

@@ -1,25 +1,18 @@
-"""The tokenizer of each kind llama.cpp knows, built from a vocabulary, and how each kind
-renders a token back to bytes (llama.cpp's ``token_to_piece``)."""
+"""The tokenizer of a vocabulary's kind, built from it — the core's kinds (SPM, BPE, WPM)
+here, any other through its plugin's :class:`~tessera.contract.tokenizer_kind.TokenizerKindInfo`
+— and how each kind renders a token back to bytes (llama.cpp's ``token_to_piece``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
+from tessera.contract.tokenizer_kind import VocabModel, Vocabulary
 from tessera.text.bpe import CHAR_TO_BYTE, BpeModel, parse_merges
 from tessera.text.pre_split import KIMI_K2
 from tessera.text.vocab import SPACE_MARKER, SPECIAL, TokenAttr
 from tessera.text.vocab_config import VocabConfig
 from tessera.text.vocab_models import SpmModel, WpmModel
-
-
-class VocabModel(Protocol):
-    """One kind of tokenizer: raw text (special tokens already cut out) to ids."""
-
-    def encode(self, text: str, after_special: bool) -> list[int]:
-        """The ids of ``text``; ``after_special`` says it starts the text or follows a
-        special token (SentencePiece then prefixes a space)."""
-        ...
 
 
 def build_model(
@@ -32,10 +25,12 @@ def build_model(
 ) -> VocabModel:
     """The tokenizer ``config.kind`` names, over the vocabulary ``tokens``."""
     scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    if config.plugin is not None:
+        return config.plugin.build(
+            Vocabulary(config, tokens, ids, scores, attrs, special, metadata)
+        )
     if config.kind == "spm":
         return SpmModel(tokens, ids, scores, special["unk"], config.add_space_prefix)
-    if config.kind == "wpm":
-        return WpmModel(ids, special["unk"], config.lowercase, config.strip_accents)
     if config.kind == "bpe":
         assert config.pre is not None
         merges = parse_merges(
@@ -51,27 +46,14 @@ def build_model(
 
             return HybridDnaModel(bpe, ids)
         return bpe
-    if config.kind == "ugm":
-        from tessera.text.ugm import UgmModel
-
-        return UgmModel(config, tokens, scores, attrs, special["unk"], metadata)
-    if config.kind == "rwkv":
-        from tessera.text.rwkv import RwkvModel
-
-        return RwkvModel(tokens, special["unk"])
-    from tessera.text.plamo2 import Plamo2Model
-
-    return Plamo2Model(tokens, scores, attrs)
+    assert config.kind == "wpm", config.kind
+    return WpmModel(ids, special["unk"], config.lowercase, config.strip_accents)
 
 
 def render_token(config: VocabConfig, text: str, attr: int, token_id: int) -> bytes:
     """The bytes of one token, as llama.cpp's ``token_to_piece`` renders it with specials."""
-    if config.kind == "rwkv":
-        from tessera.text.rwkv import unescape_rwkv
-
-        return unescape_rwkv(text)
-    if config.kind == "plamo2":
-        return _byte_token(text) if attr & TokenAttr.BYTE else text.encode()
+    if config.plugin is not None and config.plugin.render is not None:
+        return config.plugin.render(text, attr)
     if attr & SPECIAL:
         return text.encode()
     if attr & TokenAttr.NORMAL:
@@ -85,11 +67,11 @@ def render_token(config: VocabConfig, text: str, attr: int, token_id: int) -> by
             return text.encode()
         return text.replace(SPACE_MARKER, " ").encode()
     if attr & TokenAttr.BYTE:
-        return _byte_token(text)
+        return byte_token(text)
     return b""  # unused and undefined tokens render as nothing
 
 
-def _byte_token(text: str) -> bytes:
+def byte_token(text: str) -> bytes:
     """The byte of a ``<0xXX>`` token (0 when malformed, as C's strtol reads it)."""
     try:
         return bytes([int(text[3:5], 16)])

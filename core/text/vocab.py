@@ -8,13 +8,9 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tessera.errors import TesseraError
+from tessera.errors import TokenizerError as TokenizerError  # its home is tessera.errors
 
 SPACE_MARKER = "\u2581"  # SentencePiece's "▁"
-
-
-class TokenizerError(TesseraError):
-    """A vocabulary is missing, malformed or of a kind tessera cannot tokenize."""
 
 
 class TokenType(enum.IntEnum):
@@ -83,7 +79,8 @@ ID_KEYS = {
 }
 SPECIAL_ID_KEYS = {name: keys[0] for name, keys in ID_KEYS.items()}
 _BPE_IDS = {"bos": 11, "eos": 11}
-# llama.cpp's default special ids per tokenizer model when a file does not name them.
+# llama.cpp's default special ids per tokenizer model when a file does not name them (a
+# plugin's kind declares its own: TokenizerKindInfo.special_ids).
 DEFAULT_IDS: dict[str, dict[str, int]] = {
     "llama": {"bos": 1, "eos": 2, "unk": 0},
     "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103},
@@ -91,19 +88,19 @@ DEFAULT_IDS: dict[str, dict[str, int]] = {
     "hybriddna": _BPE_IDS,
     "whitespace": _BPE_IDS,
     "gemma4": {},
-    "t5": {"eos": 1, "unk": 2, "pad": 0},
-    "rwkv": {},
-    "plamo2": {"bos": 1, "eos": 2, "unk": 0, "pad": 3},
 }
 
 
 def special_ids(
-    metadata: Mapping[str, Any], model: str, n_vocab: int, default_bos: bool = True
+    metadata: Mapping[str, Any],
+    defaults: Mapping[str, int],
+    n_vocab: int,
+    default_bos: bool = True,
 ) -> dict[str, int | None]:
-    """The ids of the tokens named in :data:`ID_KEYS`: llama.cpp's default for the model
-    (when inside the vocabulary), replaced by each metadata key that is inside it."""
+    """The ids of the tokens named in :data:`ID_KEYS`: llama.cpp's ``defaults`` for the
+    model (when inside the vocabulary), replaced by each metadata key that is inside it."""
     ids: dict[str, int | None] = dict.fromkeys(ID_KEYS)
-    ids.update(DEFAULT_IDS[model])
+    ids.update(defaults)
     if not default_bos:
         ids["bos"] = None
     for name, keys in ID_KEYS.items():

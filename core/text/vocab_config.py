@@ -1,6 +1,6 @@
 """The tokenizer flags llama.cpp derives from a vocabulary's metadata when it loads it: the
-kind of tokenizer, its pre-tokenizer, and the per-kind defaults of every ``tokenizer.ggml.*``
-flag, overridden by the keys the file sets."""
+kind of tokenizer (the core's, or a tokenizer-kind plugin's), its pre-tokenizer, and the
+per-kind defaults of every ``tokenizer.ggml.*`` flag, overridden by the keys the file sets."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import attrs
 
+from tessera.contract.tokenizer_kind import TokenizerKindInfo
 from tessera.text.pre import PreTokenizer, pick_pre_tokenizer
 from tessera.text.vocab import TokenizerError
 
-#: ``tokenizer.ggml.model`` values -> the kind of tokenizer llama.cpp runs for them.
+#: ``tokenizer.ggml.model`` values -> the kind of tokenizer the core runs for them.
 KINDS = {
     "llama": "spm",
     "gpt2": "bpe",
@@ -20,10 +21,10 @@ KINDS = {
     "whitespace": "bpe",
     "gemma4": "bpe",
     "bert": "wpm",
-    "t5": "ugm",
-    "rwkv": "rwkv",
-    "plamo2": "plamo2",
 }
+#: ``tokenizer.ggml.model`` values a built-in tokenizer-kind plugin runs, and its entry point
+#: (named when it is not loaded).
+PLUGIN_MODELS = {"t5": "tokenizers", "rwkv": "tokenizers", "plamo2": "tokenizers"}
 _NO_VOCAB = ("no_vocab", "none")
 
 
@@ -32,7 +33,7 @@ class VocabConfig:
     """What the tokenizer needs to know about a vocabulary beyond its tokens."""
 
     model: str  # tokenizer.ggml.model
-    kind: str  # spm, bpe, wpm, ugm, rwkv, plamo2
+    kind: str  # spm, bpe, wpm, or a plugin's kind (ugm, rwkv, plamo2 ...)
     pre: PreTokenizer | None  # BPE kinds only
     add_space_prefix: bool
     remove_extra_whitespaces: bool
@@ -42,10 +43,13 @@ class VocabConfig:
     add_sep: bool
     lowercase: bool
     strip_accents: bool
+    #: The plugin's kind that runs the vocabulary (None: one of the core's).
+    plugin: TokenizerKindInfo | None = attrs.field(default=None, eq=False)
 
 
-def vocab_config(metadata: Mapping[str, Any]) -> VocabConfig:
-    """The flags llama.cpp sets for the vocabulary ``metadata`` describes."""
+def vocab_config(metadata: Mapping[str, Any], runtime: Any = None) -> VocabConfig:
+    """The flags llama.cpp sets for the vocabulary ``metadata`` describes. A kind the core
+    does not run is looked up in ``runtime``'s tokenizer kinds (none without a runtime)."""
     model = metadata.get("tokenizer.ggml.model")
     if model is None or metadata.get("tokenizer.ggml.tokens") is None:
         raise TokenizerError(
@@ -57,12 +61,8 @@ def vocab_config(metadata: Mapping[str, Any]) -> VocabConfig:
             f"the model's vocabulary is '{model}': it has no tokenizer; pass token ids, or "
             "use a GGUF converted with its vocabulary"
         )
-    kind = KINDS.get(model)
-    if kind is None:
-        raise TokenizerError(
-            f"tokenizer model '{model}' is not supported (supported: {', '.join(KINDS)}); "
-            "use a model with one of those vocabularies"
-        )
+    plugin = None if model in KINDS else plugin_kind(model, runtime)
+    kind = KINDS[model] if plugin is None else plugin.name
     pre = None
     if kind == "bpe":
         name = "gemma4" if model == "gemma4" else metadata.get("tokenizer.ggml.pre")
@@ -70,8 +70,9 @@ def vocab_config(metadata: Mapping[str, Any]) -> VocabConfig:
     defaults = {
         "spm": dict(add_space_prefix=True, add_bos=True),
         "wpm": dict(add_bos=True, add_sep=True),
-        "ugm": dict(add_eos=True),
     }.get(kind, {})
+    if plugin is not None:
+        defaults = dict(add_bos=plugin.add_bos, add_eos=plugin.add_eos)
     if pre is not None:
         defaults = dict(add_bos=pre.add_bos, add_sep=pre.add_sep)
     lowercase = _flag(
@@ -93,7 +94,31 @@ def vocab_config(metadata: Mapping[str, Any]) -> VocabConfig:
         add_sep=_flag(metadata, "add_sep_token", defaults.get("add_sep", False)),
         lowercase=lowercase,
         strip_accents=_flag(metadata, "normalizer.strip_accents", lowercase),
+        plugin=plugin,
     )
+
+
+def plugin_kind(model: str, runtime: Any) -> TokenizerKindInfo:
+    """The plugin's tokenizer kind that runs ``model``, or a TokenizerError naming the
+    plugin to enable (for a built-in plugin's model) or what is installed."""
+    if runtime is not None and (model not in PLUGIN_MODELS or model in tokenizer_kinds(runtime)):
+        return runtime.get("tokenizer_kind", model, where=", ".join(KINDS))
+    if model in PLUGIN_MODELS:
+        plugin = PLUGIN_MODELS[model]
+        raise TokenizerError(
+            f"tokenizer model '{model}' is run by the plugin '{plugin}', which is not loaded; "
+            f"enable it (check --disable-plugins, TESSERA_DISABLE_PLUGINS and TESSERA_PLUGINS) "
+            "or reinstall tessera"
+        )
+    raise TokenizerError(
+        f"tokenizer model '{model}' is not supported (supported: {', '.join(KINDS)}); "
+        "use a model with one of those vocabularies"
+    )
+
+
+def tokenizer_kinds(runtime: Any) -> dict[str, TokenizerKindInfo]:
+    """The plugins' tokenizer kinds by ``tokenizer.ggml.model`` value."""
+    return runtime.catalogue("tokenizer_kind")
 
 
 def _flag(metadata: Mapping[str, Any], key: str, default: bool | None) -> bool:

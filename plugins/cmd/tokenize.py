@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
         from tessera.files.load import default_model_path
 
         args.model = default_model_path()
-    tok = Tokenizer.from_path(args.model)
+    tok = Tokenizer.from_path(args.model, runtime)
     ids = tok.encode(args.text, add_special=not args.no_bos, parse_special=args.parse_special)
     if args.ids:
         print(ids)

@@ -78,7 +78,7 @@ def test_json_report_has_the_stable_schema(capsys):
     assert set(report) == {
         "schema", "tessera_version", "plugin_api", "plugins", "failures", "architectures",
         "quant_types", "commands", "backends", "conflicts", "communicators", "spec_decoders",
-        "expert_caches", "switches",
+        "expert_caches", "tokenizer_kinds", "switches",
     }  # fmt: skip
     assert {c["name"] for c in report["expert_caches"]} == set(Runtime().expert_caches())
     rt = Runtime()

@@ -10,6 +10,7 @@ import pytest
 from tokenizer_vectors import metadata, recorded, tokenizer, vectors, vocab_files
 
 from tessera.errors import TesseraError
+from tessera.testing.pytest_plugin import default_runtime
 from tessera.text.tokenizer import Tokenizer, TokenizerError
 
 VOCABS = vocab_files()
@@ -111,7 +112,9 @@ def test_a_file_without_vocabulary_says_so(model: str) -> None:
 def test_unknown_tokenizer_model_names_itself_and_the_supported_ones() -> None:
     meta = {"tokenizer.ggml.model": "sentencepiece9", "tokenizer.ggml.tokens": ["a"]}
     with pytest.raises(TokenizerError, match=r"'sentencepiece9'.*llama, gpt2.*t5, rwkv, plamo2"):
-        Tokenizer.from_gguf_metadata(meta)
+        Tokenizer.from_gguf_metadata(meta, default_runtime())
+    with pytest.raises(TokenizerError, match=r"'sentencepiece9'.*\(supported: llama, gpt2.*bert\)"):
+        Tokenizer.from_gguf_metadata(meta)  # no runtime: the core's kinds only
 
 
 def test_unknown_pre_tokenizer_is_refused_as_llama_cpp_refuses_it() -> None:

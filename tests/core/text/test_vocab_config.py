@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizer_vectors import metadata, recorded
 
+from tessera.testing.pytest_plugin import default_runtime
 from tessera.text.vocab_config import vocab_config
 
 LOADS = recorded("load")
@@ -12,7 +13,7 @@ LOADS = recorded("load")
 
 @pytest.mark.parametrize("name", list(LOADS))
 def test_bos_eos_sep_flags_match_llama_cpp(name: str) -> None:
-    config, facts = vocab_config(metadata(name)), LOADS[name]
+    config, facts = vocab_config(metadata(name), default_runtime()), LOADS[name]
     assert (config.add_bos, config.add_eos, config.add_sep) == (
         facts["add_bos"],
         facts["add_eos"],

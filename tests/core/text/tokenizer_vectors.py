@@ -1,4 +1,5 @@
-"""llama.cpp's tokenizer test data in tests/data/vocab, read the way its tests read it."""
+"""llama.cpp's tokenizer test data in tests/data/vocab, read the way its tests read it; the
+tokenizers are built with the installed plugins' tokenizer kinds (t5, rwkv, plamo2)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.files.gguf import read_gguf
+from tessera.testing.pytest_plugin import default_runtime
 from tessera.text.tokenizer import Tokenizer
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "data" / "vocab"
@@ -50,7 +52,7 @@ def metadata(name: str) -> dict[str, Any]:
 
 @functools.cache
 def tokenizer(name: str) -> Tokenizer:
-    return Tokenizer.from_gguf_metadata(metadata(name))
+    return Tokenizer.from_gguf_metadata(metadata(name), default_runtime())
 
 
 @functools.cache

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.text.charsmap import Charsmap
+from tessera.plugins.tokenizers.charsmap import Charsmap
 from tessera.text.prefix_matcher import PrefixMatcher
 from tessera.text.vocab import SPACE_MARKER, TokenAttr, TokenizerError
 from tessera.text.vocab_config import VocabConfig

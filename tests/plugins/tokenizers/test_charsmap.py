@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from tokenizer_vectors import metadata
 
-from tessera.text.charsmap import Charsmap
+from tessera.plugins.tokenizers.charsmap import Charsmap
 from tessera.text.vocab import TokenizerError
 
 BLOB = bytes(

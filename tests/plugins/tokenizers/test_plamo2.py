@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from tokenizer_vectors import metadata
 
+from tessera.testing.pytest_plugin import default_runtime
 from tessera.text.tokenizer import Tokenizer, TokenizerError
 
 
@@ -15,4 +16,4 @@ def test_a_missing_byte_token_is_a_clear_error() -> None:
     meta["tokenizer.ggml.token_type"] = list(meta["tokenizer.ggml.token_type"])
     meta["tokenizer.ggml.token_type"][byte_41] = 1
     with pytest.raises(TokenizerError, match="no byte token <0x41>"):
-        Tokenizer.from_gguf_metadata(meta)
+        Tokenizer.from_gguf_metadata(meta, default_runtime())

@@ -7,7 +7,8 @@ import sys
 import pytest
 from tokenizer_vectors import VOCAB_DIR, metadata
 
-from tessera.text.rwkv import unescape_rwkv
+from tessera.plugins.tokenizers.rwkv import unescape_rwkv
+from tessera.testing.pytest_plugin import default_runtime
 from tessera.text.tokenizer import Tokenizer, TokenizerError
 
 sys.path.insert(0, str(VOCAB_DIR))
@@ -25,4 +26,4 @@ def test_a_byte_no_token_starts_with_is_a_clear_error() -> None:
     meta["tokenizer.ggml.tokens"] = ["a", "b"]
     meta["tokenizer.ggml.token_type"] = [1, 1]
     with pytest.raises(TokenizerError, match="byte 0x63 starts no token"):
-        Tokenizer.from_gguf_metadata(meta).encode("abc", add_special=False)
+        Tokenizer.from_gguf_metadata(meta, default_runtime()).encode("abc", add_special=False)
