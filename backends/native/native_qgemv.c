@@ -29,6 +29,8 @@ static const quant_kind KINDS[] = {
     {13, 256, 176, tsr_dot_q5_k, tsr_deq_q5_k},    {14, 256, 210, tsr_dot_q6_k, tsr_deq_q6_k},
     {20, 32, 18, tsr_dot_iq4_nl, tsr_deq_iq4_nl},  {23, 256, 136, tsr_dot_iq4_xs, tsr_deq_iq4_xs},
     {35, 256, 66, tsr_dot_tq2_0, tsr_deq_tq2_0},    {39, 32, 17, tsr_dot_mxfp4, tsr_deq_mxfp4},
+    {10, 256, 84, tsr_dot_q2_k, tsr_deq_q2_k},      {11, 256, 110, tsr_dot_q3_k, tsr_deq_q3_k},
+    {34, 256, 54, tsr_dot_tq1_0, tsr_deq_tq1_0},    {40, 64, 36, tsr_dot_nvfp4, tsr_deq_nvfp4},
 };
 #define N_KINDS (int)(sizeof(KINDS) / sizeof(KINDS[0]))
 

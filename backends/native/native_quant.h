@@ -1,5 +1,5 @@
-/* The GGUF block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q4_K,
- * Q5_K, Q6_K, TQ2_0): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
+/* The GGUF block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
  * few activation rows) and native_qdequant.c (rows to float32) share: the quantized
  * activations and each type's codes unpacked into 32 bytes in activation order.
  *
@@ -47,6 +47,10 @@ TSR_DOT_DECL(tq2_0)
 TSR_DOT_DECL(q4_k)
 TSR_DOT_DECL(q5_k)
 TSR_DOT_DECL(q6_k)
+TSR_DOT_DECL(q2_k)
+TSR_DOT_DECL(q3_k)
+TSR_DOT_DECL(tq1_0)
+TSR_DOT_DECL(nvfp4)
 void tsr_deq_q4_1(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_0(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_1(const uint8_t *, int64_t, float *);
@@ -57,6 +61,10 @@ void tsr_deq_tq2_0(const uint8_t *, int64_t, float *);
 void tsr_deq_q4_k(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_k(const uint8_t *, int64_t, float *);
 void tsr_deq_q6_k(const uint8_t *, int64_t, float *);
+void tsr_deq_q2_k(const uint8_t *, int64_t, float *);
+void tsr_deq_q3_k(const uint8_t *, int64_t, float *);
+void tsr_deq_tq1_0(const uint8_t *, int64_t, float *);
+void tsr_deq_nvfp4(const uint8_t *, int64_t, float *);
 
 /* Expands a switch over mi = 1 .. QUANT_MI into calls of an always-inline kernel whose MI is
  * then a constant (its loops over activation rows unroll, accumulators stay in registers). */
@@ -190,6 +198,72 @@ ALWAYS_INLINE __m256i q6_codes(__m256i A, __m256i B, __m256i H, int k) {
         return _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low4),
                                _mm256_and_si256(_mm256_srli_epi16(H, 2), high2));
     }
+}
+
+/* Q3_K's 16 group scales minus 32 (signed 6 bits) from its 12 scale bytes at s: the low
+ * nibble of group j is nibble j / 8 of s[j % 8], its top two bits bits 2 (j / 4) of
+ * s[8 + j % 4]. */
+ALWAYS_INLINE void q3_k_scales(const uint8_t *s, int8_t *sc) {
+    for (int j = 0; j < 16; j++) {
+        const int low = s[j % 8] >> 4 * (j / 8) & 15, high = s[8 + j % 4] >> 2 * (j / 4) & 3;
+        sc[j] = (int8_t)((low | high << 4) - 32);
+    }
+}
+
+/* Bytes v times the 16-bit lanes of f, each byte modulo 256 (x86 has no byte multiply). */
+ALWAYS_INLINE __m128i mul_u8(__m128i v, __m128i f) {
+    const __m128i low = _mm_and_si128(_mm_mullo_epi16(v, f), _mm_set1_epi16(0x00FF));
+    const __m128i high = _mm_slli_epi16(_mm_mullo_epi16(_mm_srli_epi16(v, 8), f), 8);
+    return _mm_or_si128(low, high);
+}
+
+ALWAYS_INLINE __m128i times3_u8(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
+
+/* The trit (3 b) >> 8 of each byte b: 1 from b = 86, 2 from b = 171. */
+ALWAYS_INLINE __m256i trit_of(__m256i b) {
+    const __m256i ge1 = _mm256_cmpeq_epi8(_mm256_max_epu8(b, _mm256_set1_epi8(86)), b);
+    const __m256i ge2 = _mm256_cmpeq_epi8(_mm256_max_epu8(b, _mm256_set1_epi8((char)171)), b);
+    return _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(ge1, ge2));
+}
+
+/* A TQ1_0 block's 256 trits (0..2) as 8 vectors of 32 in value order: trit n of a byte is
+ * that of (byte 3^n mod 256). qs[0..32): plane n is values 32 n ..; qs[32..48): plane n is
+ * values 160 + 16 n ..; qh (4 bytes at 48): trit n of qh[j] is value 240 + 4 n + j. */
+ALWAYS_INLINE void tq1_trits(const uint8_t *blk, __m256i *t) {
+    __m256i p = _mm256_loadu_si256((const __m256i *)blk);
+    for (int n = 0; n < 5; n++) {
+        t[n] = trit_of(p);
+        p = _mm256_add_epi8(_mm256_add_epi8(p, p), p);
+    }
+    const __m128i r0 = _mm_loadu_si128((const __m128i *)(blk + 32)), r1 = times3_u8(r0);
+    const __m128i r2 = times3_u8(r1), r3 = times3_u8(r2), r4 = times3_u8(r3);
+    uint32_t qh;
+    memcpy(&qh, blk + 48, 4);
+    const __m128i h = mul_u8(_mm_set1_epi32((int)qh), _mm_setr_epi16(1, 1, 3, 3, 9, 9, 27, 27));
+    t[5] = trit_of(_mm256_set_m128i(r1, r0));
+    t[6] = trit_of(_mm256_set_m128i(r3, r2));
+    t[7] = trit_of(_mm256_set_m128i(h, r4));
+}
+
+/* An NVFP4 UE4M3 scale byte as float32, halved for the doubled E2M1 table (exact): 0 for
+ * bytes 0x00 and 0x7F, the top bit ignored, as ggml's ggml_ue4m3_to_fp32. */
+ALWAYS_INLINE float ue4m3_half(uint8_t b) {
+    if (b == 0 || b == 0x7F) return 0.0f;
+    const int e = b >> 3 & 15, m = b & 7;
+    if (e == 0) return (float)m * 0x1p-10f;
+    const uint32_t bits = (uint32_t)(e + 119) << 23 | (uint32_t)m << 20; /* (1 + m/8) 2^(e-8) */
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+/* Two NVFP4 sub-blocks (16 bytes at p: 8 each, low nibble value j, high nibble j + 8) as
+ * their 32 doubled E2M1 values (signed bytes) in value order. */
+ALWAYS_INLINE __m256i nvfp4_codes(const uint8_t *p) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)p), low4 = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, low4), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+    const __m256i codes = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
+    return _mm256_shuffle_epi8(mxfp4_table(), codes);
 }
 
 #endif

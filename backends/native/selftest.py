@@ -20,10 +20,11 @@ from tessera.backends.native.kernels import NativeGemv, RowLists
 from tessera.backends.native.typed_gemv import GGML_TYPES
 
 #: Byte offsets of the float16 fields (scales, mins) in a block of each type (MXFP4's
-#: scale is the E8M0 byte 0).
+#: scale is the E8M0 byte 0, NVFP4's are UE4M3 bytes: every byte is a finite scale).
 F16_FIELDS = {
     "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,),
     "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "TQ2_0": (64,), "MXFP4": (),
+    "Q2_K": (80, 82), "Q3_K": (108,), "TQ1_0": (52,), "NVFP4": (),
 }  # fmt: skip
 
 

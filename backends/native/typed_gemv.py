@@ -1,6 +1,6 @@
 """Native decode matmuls and prefill dequantization of the block types other than Q4_0/Q8_0
-(``native_qgemv.c``: Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, Q4_K, Q5_K, Q6_K, TQ2_0), as
-methods that
+(``native_qgemv.c``: Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, TQ1_0, TQ2_0), as methods that
 :class:`~tessera.backends.native.kernels.NativeGemv` inherits.
 
 The C side takes a weight's GGML type number: the activation rows are rounded to int8
@@ -17,7 +17,7 @@ from typing import Any
 #: GGML type numbers of the block types ``native_qgemv.c`` serves.
 GGML_TYPES = {
     "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20,
-    "IQ4_XS": 23, "TQ2_0": 35, "MXFP4": 39,
+    "IQ4_XS": 23, "TQ2_0": 35, "MXFP4": 39, "Q2_K": 10, "Q3_K": 11, "TQ1_0": 34, "NVFP4": 40,
 }  # fmt: skip
 #: Weights in one :meth:`TypedGemv.gemv_typed` call (QUANT_MAX_WEIGHTS in the C file).
 MAX_TYPED_WEIGHTS = 8

@@ -190,5 +190,6 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    # no torch kernel of its own: without the native kernels MXFP4 dequantizes at load
+    # no torch kernels of their own: without the native kernels both dequantize at load
     register(with_native(MXFP4, None))
+    register(with_native(NVFP4, None))

@@ -32,6 +32,7 @@ from tessera.plugins.quant.kquant_common import (
 )
 from tessera.plugins.quant.kquant_fit import make_qkx2_quants
 from tessera.plugins.quant.kquant_layout import pack_2bit, unpack_2bit
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -113,8 +114,7 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        torch_grouped_kernel(
-            Q2_K, load_torch, "uint8 codes + scale/min per 16, dequantized per matmul"
-        )
+    grouped = torch_grouped_kernel(
+        Q2_K, load_torch, "uint8 codes + scale/min per 16, dequantized per matmul"
     )
+    register(with_native(Q2_K, grouped))

@@ -38,6 +38,7 @@ from tessera.plugins.quant.kquant_common import (
     torch_grouped_weight,
 )
 from tessera.plugins.quant.kquant_layout import pack_2bit, unpack_2bit
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -169,6 +170,7 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    register(
-        torch_grouped_kernel(Q3_K, load_torch, "int8 codes + scale per 16, dequantized per matmul")
+    grouped = torch_grouped_kernel(
+        Q3_K, load_torch, "int8 codes + scale per 16, dequantized per matmul"
     )
+    register(with_native(Q3_K, grouped))

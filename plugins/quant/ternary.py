@@ -117,5 +117,6 @@ def tessera_register_quant_types(register):
 
 @hookimpl
 def tessera_register_weight_kernels(register):
-    # no torch kernel of its own: without the native kernels TQ2_0 dequantizes at load
+    # no torch kernels of their own: without the native kernels both dequantize at load
+    register(with_native(TQ1_0, None))
     register(with_native(TQ2_0, None))

@@ -1,9 +1,10 @@
 """The native kernels of the block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS,
-MXFP4, Q4_K, Q5_K, Q6_K, TQ2_0): the decode GEMV against numpy's dequantize-then-matmul in
-float64 within the int8-activation bound (and against the same activation rounding done in
-numpy within float32 sums), the prefill dequantization bit for bit the numpy values rounded
-by torch, each CPU code path forced by compiler flags, and the quant plugins' torch weights
-on them: the row split, the switches, memory, the fused decoder block, a model's tokens.
+MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0): the decode GEMV against numpy's
+dequantize-then-matmul in float64 within the int8-activation bound (and against the same
+activation rounding done in numpy within float32 sums), the prefill dequantization bit for
+bit the numpy values rounded by torch, each CPU code path forced by compiler flags, and the
+quant plugins' torch weights on them: the row split, the switches, memory, the fused decoder
+block, a model's tokens.
 
 Weights are the plugins' own quantization of random values (every type bit-exact with
 llama.cpp) and random block bytes with finite float16 fields (every code and scale byte).
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tessera.backends.native import library, selftest
+from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.typed_gemv import GGML_TYPES
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
@@ -179,7 +180,7 @@ def test_torch_weights_decode_natively_and_prefill_on_the_native_dequantization(
     b = backend()
     w = b.load_weight(raw, qt)
     assert isinstance(w, NativeBlockWeight) and b.placements[0][1] == f"kernel {kind}"
-    assert b.paths[f"native {kind}"].path == "native"
+    assert b.paths[f"quant decode GEMV {kind}"].path == cpu_paths.quant_path(native.isa, False)
     assert w.raw.numpy().nbytes == raw.data.nbytes  # the file's bytes, no dense copy
     calls = []
     for name in ("matmul", "dequantize_typed"):
@@ -220,7 +221,8 @@ def test_switches_send_a_type_back_to_its_torch_path(native, monkeypatch, env, k
     b = backend()
     w = b.load_weight(raw, qt)
     assert isinstance(w, NativeBlockWeight) == (expect == "native")
-    assert b.paths[f"native {kind}"].path == expect
+    path = cpu_paths.quant_path(native.isa, False) if expect == "native" else cpu_paths.FALLBACK
+    assert b.paths[f"quant decode GEMV {kind}"].path == path
     x = np.random.default_rng(10).standard_normal((2, 512)).astype(np.float32)
     want = x @ dense.T
     got = b.to_numpy(b.matmul(b.from_numpy(x), w))
@@ -231,7 +233,7 @@ def test_f32_compute_keeps_the_exact_paths(native):
     raw, qt, _ = raw_tensor("Q6_K")
     b = backend("f32")
     assert not isinstance(b.load_weight(raw, qt), NativeBlockWeight)
-    assert b.paths["native Q6_K"].path == "torch"
+    assert b.paths["quant decode GEMV Q6_K"].path == cpu_paths.FALLBACK
 
 
 def test_backend_matmul_n_batches_weights_of_one_block_type(native, monkeypatch):
