@@ -5,10 +5,17 @@ BIN := $(VENV)/bin
 
 .PHONY: run test install lint browser
 
+# PyPI's Linux torch is the CUDA build (gigabytes of CUDA libraries); the CPU build comes
+# from PyTorch's own index, and from PyPI only where that index cannot be reached.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+
 $(BIN)/tessera: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
+	$(BIN)/python -c "import torch" 2>/dev/null || \
+		$(BIN)/pip install -q --retries 1 --timeout 20 torch==2.13.0 --index-url $(TORCH_INDEX) || \
+		{ echo "$(TORCH_INDEX) is out of reach: torch from PyPI instead"; \
+		  $(BIN)/pip install -q torch==2.13.0; }
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(BIN)/tessera
 
