@@ -12,6 +12,11 @@ import numpy as np
 
 from tessera.contract.backend import CORE_OPS, Backend, BackendInfo
 from tessera.contract.ops import Op
+from tessera.contract.recurrent_ops import (
+    gated_delta_net_reference,
+    sigmoid_reference,
+    ssm_conv_reference,
+)
 from tessera.engine.kv_types import KV_TYPE_BYTES, stored_values
 from tessera.errors import UnknownBackendError
 from tessera.hookspecs import hookimpl
@@ -40,6 +45,9 @@ class NumpyBackend(Backend):
                 "linear",
                 "concat",
                 "matmul_heads",
+                "sigmoid",
+                "ssm_conv",
+                "gated_delta_net",
             )
             or (op.name == "kv_cache" and op.get("type") in KV_TYPE_BYTES)
         )
@@ -135,6 +143,15 @@ class NumpyBackend(Backend):
         with np.errstate(over="ignore"):  # exp overflows to inf for very negative g: glu 0
             glu = g / (np.float32(1.0) + np.exp(np.float32(-alpha) * g))
         return (glu * (u + np.float32(1.0))).astype(np.float32)
+
+    def sigmoid(self, x):
+        return sigmoid_reference(x)
+
+    def ssm_conv(self, x, state, weight):
+        return ssm_conv_reference(x, state, weight)
+
+    def gated_delta_net(self, q, k, v, g, beta, state):
+        return gated_delta_net_reference(q, k, v, g, beta, state)
 
     def tanh(self, x):
         return np.tanh(x)

@@ -27,6 +27,7 @@ from tessera.backends.torch.backend import INFERENCE_MODE
 from tessera.backends.torch.kv_store import KV_STORE_TYPES, Q8_0Rows, make_cache
 from tessera.backends.torch.norms import NormOps
 from tessera.backends.torch.packed import PackedLinear
+from tessera.backends.torch.recurrent import RecurrentLayerOps
 from tessera.backends.torch.rope import RopeOps
 from tessera.backends.torch.transfers import TransferOps
 from tessera.backends.torch.weights import WeightOps
@@ -37,7 +38,9 @@ from tessera.switches import flag
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backend):
+class TorchBackend(
+    WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, RecurrentLayerOps, Backend
+):
     """Every op on torch tensors of one device and compute dtype (the mixins' state is made
     here, so one place lists all of it)."""
 
@@ -90,10 +93,12 @@ class TorchBackend(WeightOps, NormOps, RopeOps, AttentionOps, TransferOps, Backe
         """The native CPU kernels (tessera.backends.native.probe) or None; probed once, the
         answer kept in ``probe_cache["native"]``."""
         status = self.probe_cache.get("native")
-        if status is None:
+        if status is None or "kernel paths" not in self.probe_cache:
             from tessera.backends.native import probe as native_probe
+            from tessera.backends.torch.kernel_paths import record_kernel_paths
 
             status = native_probe.status(self)
+            record_kernel_paths(self)  # each kernel family's path, for tessera plugins / -v
         return status.gemv
 
     # -- arrays ----------------------------------------------------------------------

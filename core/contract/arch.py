@@ -55,6 +55,15 @@ class KVLayerLayout:
 
 
 @attrs.frozen
+class RecurrentLayerLayout:
+    """The state one recurrent layer keeps per sequence instead of KV rows (llama.cpp's
+    ``r`` and ``s`` tensors): a causal conv's last inputs and the recurrence's memory."""
+
+    conv_shape: tuple[int, ...]
+    state_shape: tuple[int, ...]
+
+
+@attrs.frozen
 class ForwardInput:
     """One ubatch as the graph sees it.
 
@@ -80,6 +89,9 @@ class ForwardInput:
     #: off. An architecture with KV-shared layers may then run those layers on the
     #: ``output_rows`` alone; with False it must compute every row through every layer.
     prune_ok: bool = False
+    #: The recurrent layers' per-sequence state for this ubatch (a
+    #: :class:`tessera.engine.recurrent.RecurrentView`), None for a model without them.
+    recurrent: Any = None
 
 
 class ModelGraph(Protocol):
@@ -176,6 +188,12 @@ class Architecture(ABC):
     def n_vocab(self, config: Any) -> int:
         """Vocabulary size (rows of the output head)."""
         return int(config.n_vocab)
+
+    def recurrent_layout(self, config: Any) -> list[RecurrentLayerLayout | None]:
+        """Per layer: the state it keeps per sequence, or None; an empty list (the default)
+        for a model without recurrent layers. The context owns the states beside the KV
+        cache and moves them with its sequence operations."""
+        return []
 
     def expert_layout(self, config: Any) -> Any:
         """A mixture-of-experts model's :class:`tessera.contract.experts.ExpertLayout`, else None.

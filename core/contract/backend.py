@@ -26,6 +26,7 @@ import numpy as np
 
 from tessera.contract.ops import Op
 from tessera.contract.optional_ops import OptionalOps
+from tessera.contract.recurrent_ops import RecurrentOps
 
 if TYPE_CHECKING:
     from tessera.contract.fusion import BlockFusion
@@ -72,6 +73,9 @@ OPTIONAL_OPS = (
     "concat",
     "matmul_heads",
     "kv_cache",
+    "sigmoid",
+    "ssm_conv",
+    "gated_delta_net",
 )
 
 
@@ -94,9 +98,10 @@ class BackendInfo:
     priority: int = 0
 
 
-class Backend(OptionalOps, ABC):
+class Backend(OptionalOps, RecurrentOps, ABC):
     """Base class of compute backends. Subclasses implement every abstract op; the
-    optional ops (:class:`tessera.contract.optional_ops.OptionalOps`) where they can."""
+    optional ops (:class:`tessera.contract.optional_ops.OptionalOps`,
+    :class:`tessera.contract.recurrent_ops.RecurrentOps`) where they can."""
 
     #: Registered name, e.g. ``"numpy"``.
     name: str = ""

@@ -17,6 +17,7 @@ from tessera.engine.batch import Batch
 from tessera.engine.kv_cache import KVCache
 from tessera.engine.kv_types import cache_type, check_layout
 from tessera.engine.memory import available_bytes, check_kv_cache_fits
+from tessera.engine.recurrent import HybridCache, recurrent_state
 from tessera.errors import ContextOverflowError, TesseraError
 from tessera.switches import KV_ROWS_DISABLE, PRUNE_DISABLE, Choice, choose
 
@@ -142,7 +143,13 @@ class Context:
         types = kv_cache_types(model.backend, layout, p)
         if model.backend.device == "cpu":  # GPU memory is not what /proc/meminfo counts
             check_kv_cache_fits(layout, p.n_ctx, model.backend.dtype, available_bytes(), *types)
-        self.kv = KVCache(model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified, *types)
+        kv_args = (model.backend, layout, p.n_ctx, p.n_seq_max, p.kv_unified, *types)
+        #: The recurrent layers' states (None without any), moved by the cache's sequence ops.
+        self.recurrent = recurrent_state(model, p.n_seq_max)
+        if self.recurrent is None:
+            self.kv = KVCache(*kv_args)
+        else:
+            self.kv = HybridCache(*kv_args, recurrent=self.recurrent)
         #: "rows" or "dense" (see :func:`choose_kv_path`) and the reason, for reports.
         self.kv_path, self.kv_path_reason = choose_kv_path(model, p)
         model.backend.record("kv attention", self.kv_path, self.kv_path_reason)
@@ -202,7 +209,8 @@ class Context:
         self._validate(batch)
         written: list[np.ndarray] = []
         outputs: list[np.ndarray] = []
-        backend = self.model.backend
+        backend, rec = self.model.backend, self.recurrent
+        saved = None if rec is None else rec.snapshot(np.unique(batch.seq_ids))
         try:
             for ub in batch.split(self.n_ubatch):
                 cells = self.kv.find_slot(len(ub), ub.seq_ids)
@@ -214,6 +222,7 @@ class Context:
                     output_rows=np.flatnonzero(ub.output),
                     kv=self.kv.view(cells, ub.positions, ub.seq_ids, self.kv_path),
                     prune_ok=self.prune_ok and not self.layer_outputs_wanted,
+                    recurrent=None if rec is None else rec.view(ub.seq_ids, ub.positions),
                 )
                 logits = self.model.graph.forward(inp)
                 if len(inp.output_rows):
@@ -222,6 +231,8 @@ class Context:
         except BaseException:
             for cells in written:
                 self.kv.release(cells)
+            if saved is not None:
+                rec.restore(saved)
             raise
         if not outputs:
             return np.zeros((0, self.model.n_vocab), dtype=np.float32)

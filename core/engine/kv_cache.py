@@ -245,8 +245,9 @@ class KVCache:
         hi = np.iinfo(np.int32).max if p1 is None or p1 < 0 else p1
         return (self.pos >= max(p0, 0)) & (self.pos < hi)
 
-    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
-        """Remove positions [p0, p1) of ``seq_id`` (all sequences when seq_id < 0)."""
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> bool:
+        """Remove positions [p0, p1) of ``seq_id`` (all sequences when seq_id < 0); True.
+        (A cache with recurrent states answers False for a range it cannot remove.)"""
         in_range = self._range(p0, p1)
         if seq_id < 0:
             self.seqs[in_range] = 0
@@ -254,11 +255,13 @@ class KVCache:
             self.seqs[in_range] &= ~np.uint64(1 << seq_id)
         self.pos[self.seqs == 0] = -1
         self._cells_changed()
+        return True
 
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
-        """Let ``dst`` see the cells of ``src`` in [p0, p1) without copying any tensor."""
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> bool:
+        """Let ``dst`` see the cells of ``src`` in [p0, p1) without copying any tensor; True."""
         sel = self._range(p0, p1) & ((self.seqs & np.uint64(1 << src)) != 0)
         self.seqs[sel] |= np.uint64(1 << dst)
+        return True
 
     def seq_keep(self, seq_id: int) -> None:
         self.seqs &= np.uint64(1 << seq_id)

@@ -38,6 +38,7 @@ from tessera.testing.conformance.matmul import (
 )
 from tessera.testing.conformance.moe import moe_ffn_cases
 from tessera.testing.conformance.norms import norm_cases
+from tessera.testing.conformance.recurrent import recurrent_cases
 from tessera.testing.conformance.rope import rope_cases, rope_ext_cases
 from tessera.testing.conformance.transfers import set_rows_case, transfer_cases
 
@@ -67,4 +68,5 @@ def all_cases(qtypes: list[Any]) -> list[Case]:
         *attention_cases("attention_softcap", sinks=True),
         swiglu_oai_case(),
         *kv_cache_cases(),
+        *recurrent_cases(),
     ]

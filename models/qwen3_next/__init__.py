@@ -1,0 +1,1 @@
+"""Qwen3-Next: gated delta-net and gated attention layers, MoE with a shared expert."""

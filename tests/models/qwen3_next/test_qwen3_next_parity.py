@@ -1,0 +1,96 @@
+"""Qwen3-Next against transformers, on the checkpoint in tests/data/arch/qwen3_next/hf and
+the GGUF llama.cpp's converter made from it (tests/data/arch/qwen3_next/README.md).
+
+The fixture has what makes Qwen3-Next: gated delta-net layers and gated full attention in
+turn, twice as many value heads as key heads in the delta net, a causal conv of 4, partial
+RoPE, Q/K norms, 4 experts of which 2 per token and a gated shared expert. tessera loads the
+folder and llama.cpp's GGUF on numpy and torch (f32) and must give transformers' logits for
+every row of a 16-token prompt and its greedy continuation through the cache (the prompt
+in ubatches of 5, so the conv and delta states carry across ubatches); the architecture
+conformance kit; ``tessera plugins`` lists the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import numpy as np
+import pytest
+from qwen3_next_oracle import (
+    BACKENDS,
+    HF_DIR,
+    LLAMA_CPP_F32,
+    RUNTIME,
+    SOURCES,
+    TOL,
+    context,
+    greedy,
+    hf_config,
+    prompt,
+    tessera_logits,
+    transformers_answers,
+)
+
+from tessera.files.gguf import read_gguf
+from tessera.testing.pytest_plugin import architecture_conformance
+
+test_conformance_numpy = architecture_conformance("qwen3next", runtime=RUNTIME)
+test_conformance_torch = architecture_conformance(
+    "qwen3next", backend="torch", dtype="f32", runtime=RUNTIME
+)
+
+
+def test_the_fixture_exercises_both_mixers_grouped_heads_and_the_experts():
+    hf = hf_config()
+    assert hf["architectures"] == ["Qwen3NextForCausalLM"]
+    assert hf["layer_types"] == ["linear_attention", "full_attention"] * 2
+    assert hf["linear_num_value_heads"] == 2 * hf["linear_num_key_heads"]
+    assert hf["rope_parameters"]["partial_rotary_factor"] == 0.25
+    assert (hf["num_experts"], hf["num_experts_per_tok"]) == (4, 2)
+    assert hf["shared_expert_intermediate_size"] > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_logits_of_every_prompt_row_match_transformers(source, backend):
+    logits = tessera_logits(SOURCES[source], backend)
+    want = transformers_answers()[0]
+    assert logits.shape == want.shape
+    assert np.abs(logits - want).max() < TOL
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("source", SOURCES)
+def test_greedy_continuation_through_the_cache_matches_transformers_generate(source, backend):
+    ctx = context(SOURCES[source], backend, n_ubatch=5)
+    assert greedy(ctx, prompt().tolist()) == transformers_answers()[1]
+
+
+def test_the_folder_and_llama_cpps_gguf_read_as_the_same_model():
+    arch = RUNTIME.architecture("qwen3next")
+    gguf = read_gguf(LLAMA_CPP_F32)
+    shapes = {n: t.shape for n, t in gguf.tensors.items()}
+    from_gguf = arch.config_from_gguf(gguf.metadata, shapes)
+    from_hf = arch.config_from_hf(hf_config())
+    assert from_gguf.rms_eps == pytest.approx(from_hf.rms_eps)  # GGUF stores it as f32
+    assert from_gguf == attrs.evolve(from_hf, rms_eps=from_gguf.rms_eps)
+    assert shapes == arch.tensor_shapes(from_gguf)
+    # the renamed, split and transformed HF tensors are llama.cpp's, value for value
+    from safetensors.numpy import load_file
+
+    ours = dict(arch.tensors_from_hf(from_hf, load_file(str(HF_DIR / "model.safetensors")), True))
+    assert set(ours) == set(gguf.tensors)
+    for name, tensor in gguf.tensors.items():
+        theirs = np.frombuffer(tensor.data, "<f4").reshape(tensor.shape)  # an F32 file
+        np.testing.assert_allclose(ours[name], theirs, rtol=1e-6, err_msg=name)
+
+
+def test_tessera_plugins_lists_the_architecture(capsys):
+    from tessera.cli.main import main
+
+    assert main(["plugins", "--json", "--no-probe"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (plugin,) = [p for p in report["plugins"] if p["name"] == "arch-qwen3next"]
+    assert plugin["module"] == "tessera.models.qwen3_next.arch"
+    assert "qwen3next" in report["architectures"]
