@@ -30,6 +30,7 @@ import numpy as np
 
 from tessera.backends.native.attention_kv import KVAttention
 from tessera.backends.native.dense_gemv import DENSE_TYPES, DenseGemv
+from tessera.backends.native.portable_gemv import PORTABLE_TYPES, PortableGemv
 from tessera.backends.native.typed_gemv import GGML_TYPES, TypedGemv
 from tessera.switches import Choice
 
@@ -45,7 +46,7 @@ BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, **GGML_TYPES, **DENSE_TYPES}
 MAX_WEIGHTS = 8
 
 
-class NativeGemv(TypedGemv, DenseGemv, KVAttention):
+class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
     """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
 
     def __init__(self, lib: Any, path: Path) -> None:
@@ -63,6 +64,8 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention):
         self.amx = False
         self.amx_choice = Choice("off", "not probed")
         self._amx_scratch: Any = None
+        self.portable = False  # quantized decode on the plain C loops (cpu_paths.py)
+        self.isa, self.path_reason = 0, ""  # the build's tsr_native_isa() bits; why that path
 
     def __repr__(self) -> str:
         return f"NativeGemv({str(self.path)!r})"
@@ -74,6 +77,8 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention):
         float32, bfloat16 or float16; the result has ``x``'s dtype."""
         if kind in DENSE_TYPES:
             return self.gemv_dense(kind, (w,), x)
+        if self.portable and kind in PORTABLE_TYPES:
+            return self.gemv_portable(kind, (w,), x)
         if kind not in self._kernels:
             return self.gemv_typed(kind, (w,), x)
         if not x.is_contiguous():
@@ -100,6 +105,8 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention):
         The activations are quantized once and one parallel region covers every row."""
         if kind in DENSE_TYPES:
             return self.gemv_dense(kind, ws, x, biases)
+        if self.portable and kind in PORTABLE_TYPES:
+            return self.gemv_portable(kind, ws, x, biases)
         if kind not in TYPE_SIZES:
             return self.gemv_typed(kind, ws, x, biases)
         if not x.is_contiguous():

@@ -22,6 +22,7 @@ from pathlib import Path
 from tessera.backends.native.attention_kv import declare_attention_kv
 from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
+from tessera.backends.native.portable_gemv import declare_portable
 from tessera.switches import OFF, Switch, choose
 
 _HERE = Path(__file__).parent
@@ -32,7 +33,7 @@ SOURCES = tuple(
     _HERE / name
     for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
     + ("native_qdot_k.c", "native_qdot_low.c", "native_qdequant.c", "native_dense_gemv.c")
-    + ("native_attention.c",)
+    + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c")
 )
 HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h")
 NATIVE_AMX_DISABLE = Switch(
@@ -208,6 +209,7 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_amx_scratch_bytes.restype = ctypes.c_int64
     declare_dense(lib)
     declare_attention_kv(lib)
+    declare_portable(lib)
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -215,6 +217,7 @@ def load(path: Path) -> NativeGemv:
     lib.tsr_swiglu_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
     lib.tsr_matmul_amx.restype = lib.tsr_swiglu_amx.restype = ctypes.c_int
     native = NativeGemv(lib, path)
+    native.isa = lib.tsr_native_isa()
 
     def amx_probe() -> tuple[bool, str]:
         if not lib.tsr_native_amx():

@@ -10,7 +10,8 @@ torch paths. ``TESSERA_NATIVE_DISABLE=1`` (:data:`NATIVE_DISABLE`) switches it o
 choice is recorded as the backend's ``"native kernels"`` path (:meth:`Backend.record_path`),
 and the AMX part of it as ``"native AMX matmuls"``. :func:`serves` answers for one block
 type of :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, which
-``TESSERA_NATIVE_QUANT_DISABLE`` (:data:`NATIVE_QUANT_DISABLE`) can take off one by one.
+``TESSERA_NATIVE_QUANT_DISABLE`` (:data:`NATIVE_QUANT_DISABLE`) can take off one by one;
+``TESSERA_NATIVE_PATH`` (:mod:`~tessera.backends.native.cpu_paths`) forces a code path.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 import attrs
 
-from tessera.backends.native import library, selftest
+from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.kernels import NativeGemv
+from tessera.backends.native.portable_gemv import PORTABLE_TYPES
 from tessera.backends.native.typed_gemv import GGML_TYPES
 from tessera.switches import NAMES, OFF, Choice, Switch, choose, names
 
@@ -75,8 +77,11 @@ def _probe(backend: Any) -> NativeStatus:
     unavailable = _unavailable(backend)
     if unavailable is not None:
         return NativeStatus(None, unavailable)
+    path, why = cpu_paths.forced_path(library.cpu_flags())
     try:
-        gemv = library.load(library.build())
+        gemv = library.load(library.build(flags=cpu_paths.build_flags(path, library.CFLAGS)))
+        gemv.portable = path == "portable"
+        gemv.path_reason = f"{why}; self-test passed"
         if not selftest.self_test(gemv):
             return NativeStatus(None, "self-test against numpy failed")
         if gemv.amx and not selftest.tiles_ok(gemv):
@@ -84,10 +89,7 @@ def _probe(backend: Any) -> NativeStatus:
             gemv.amx_choice = Choice("off", "self-test against numpy failed")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         return NativeStatus(None, f"build or load failed: {exc}")
-    path = "AVX512-VNNI" if gemv.lib.tsr_native_zmm() else "AVX2 without VNNI"
-    if not gemv.lib.tsr_native_zmm() and gemv.lib.tsr_native_vnni():
-        path = "256-bit VNNI"
-    return NativeStatus(gemv, f"{path} kernels from {gemv.path}; AMX matmuls {gemv.amx_choice}")
+    return NativeStatus(gemv, f"{cpu_paths.describe(gemv)}; {gemv.path_reason}")
 
 
 def probe(backend: Any) -> NativeGemv | None:
@@ -97,22 +99,28 @@ def probe(backend: Any) -> NativeGemv | None:
 
 def serves(backend: Any, kind: str) -> NativeGemv | None:
     """The native kernels when they take ``kind`` weights (a type of ``GGML_TYPES``) on
-    ``backend``: the probe passes and ``TESSERA_NATIVE_QUANT_DISABLE`` does not name it;
-    recorded once per type as the backend's ``"native <kind>"`` path."""
-    key = f"native {kind}"
+    ``backend``: the probe passes, ``TESSERA_NATIVE_QUANT_DISABLE`` does not name it and the
+    forced path has a kernel for it; recorded once per type as the backend's
+    ``"quant decode GEMV <kind>"`` path: the code path, or the quant plugin's torch path."""
+    key = f"quant decode GEMV {kind}"
     cache = backend.probe_cache
     if key not in cache:
         listed = {n.upper() for n in names(NATIVE_QUANT_DISABLE)} & {kind.upper(), "ALL"}
+        gemv = None if listed or kind not in GGML_TYPES else probe(backend)
         if listed:
             why = f"disabled by {NATIVE_QUANT_DISABLE.name}={NATIVE_QUANT_DISABLE.raw()}"
-            choice = Choice("torch", why)
         elif kind not in GGML_TYPES:
-            choice = Choice("torch", f"no native kernel for {kind}")
+            why = f"no native kernel for {kind}"
+        elif gemv is None:
+            why = status(backend).reason
+        elif gemv.portable and kind not in PORTABLE_TYPES:
+            why = f"no portable kernel for {kind} ({cpu_paths.NATIVE_PATH.name}=portable)"
+            gemv = None
         else:
-            gemv = probe(backend)
-            choice = Choice("native" if gemv else "torch", status(backend).reason)
-        backend.record_path(key, choice)
-        cache[key] = probe(backend) if choice.path == "native" else None
+            why = gemv.path_reason
+        path = cpu_paths.quant_path(gemv.isa, gemv.portable) if gemv else cpu_paths.FALLBACK
+        backend.record_path(key, Choice(path, why))
+        cache[key] = gemv
     return cache[key]
 
 

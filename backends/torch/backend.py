@@ -185,6 +185,7 @@ def tessera_register_block_fusions(register):
 
 @hookimpl
 def tessera_register_switches(register):
+    from tessera.backends.native.cpu_paths import NATIVE_PATH
     from tessera.backends.native.dense_gemv import NATIVE_DENSE_DISABLE
     from tessera.backends.native.library import NATIVE_AMX_DISABLE
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
@@ -196,3 +197,4 @@ def tessera_register_switches(register):
     register(NATIVE_AMX_DISABLE)
     register(NATIVE_QUANT_DISABLE)
     register(NATIVE_DENSE_DISABLE)
+    register(NATIVE_PATH)

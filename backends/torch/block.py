@@ -43,6 +43,8 @@ def choose_block(backend: Any) -> Choice:
     def probe() -> tuple[bool, str]:
         if backend._native() is None:
             return False, f"no native kernels ({backend.probe_cache['native'].reason})"
+        if backend._native().portable:  # the block's C code calls the vector kernels
+            return False, "TESSERA_NATIVE_PATH=portable: the layer's matmuls op by op"
         return True, "native kernels: one call per block and decode token"
 
     choice = choose(DECODER_BLOCK_DISABLE, probe, on="one native call", off="op by op")
