@@ -141,6 +141,15 @@ def test_rename_delete_export_and_import(driver, conv_server, downloads_dir):
     back = {c["title"]: c["messages"] for c in stored_conversations(driver)}
     assert back == {c["title"]: c["messages"] for c in data["conversations"]}
     assert "imported 2 conversations" in css(driver, "#status")[0].text
+    bad = {"notes.json": "not JSON at all", "other.json": '{"messages": [{"role": 1}]}'}
+    for name, text in bad.items():
+        (downloads_dir / name).write_text(text, encoding="utf-8")
+    for name, says in [("notes.json", "notes.json is not JSON"),
+                       ("other.json", "other.json holds no conversations")]:  # fmt: skip
+        css(driver, "#conv-import-file")[0].send_keys(str(downloads_dir / name))
+        wait(driver, lambda d, says=says: says in css(d, "#status")[0].text, what=says)
+        assert "import a file exported from this page" in css(driver, "#status")[0].text
+    assert len(stored_conversations(driver)) == 2  # nothing came in, nothing was lost
 
 
 def _json_or_none(path):
