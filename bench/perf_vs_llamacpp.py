@@ -183,7 +183,7 @@ def main() -> None:
 
     runtime = Runtime()
     limits = perf_limits.measure(args.threads)
-    tests = [(args.n_prompt, 0), (0, args.n_gen)]
+    tests = [t for t in ((args.n_prompt, 0), (0, args.n_gen)) if sum(t)]  # -p 0: tg only
     depths = [int(d) for d in args.n_depth.split(",")]
     args.cache_types = (args.cache_type_k, args.cache_type_v)
     n_ctx = args.n_prompt + args.n_gen + max(depths) + 16
