@@ -176,18 +176,37 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
         kind=int,
         help="tokens penalized (0 = off, -1 = the whole context)",
     )
+    flag("--presence-penalty", field="presence_penalty", kind=float, help="0 = off")
+    flag("--frequency-penalty", field="frequency_penalty", kind=float, help="0 = off")
+    flag("--typical", field="typical_p", kind=float, help="locally typical sampling (1 = off)")
+    flag("--top-n-sigma", field="top_n_sigma", kind=float, help="0 or below = off")
+    flag("--xtc-probability", field="xtc_probability", kind=float, help="0 = off")
+    flag("--xtc-threshold", field="xtc_threshold", kind=float, help="above 0.5 = off")
+    flag("--dry-multiplier", field="dry_multiplier", kind=float, help="0 = off")
+    flag("--dry-base", field="dry_base", kind=float, help=">= 1")
+    flag("--dry-allowed-length", field="dry_allowed_length", kind=int, help="free repeat length")
+    flag(
+        "--dry-penalty-last-n",
+        field="dry_penalty_last_n",
+        kind=int,
+        help="tokens DRY scans (0 = off, -1 = the whole context)",
+    )
     flag("-s", "--seed", field="seed", kind=int, help="RNG seed (default, -1: random)")
+
+
+#: SamplerParams field -> the argparse dest of its flag (the rest share the field's name).
+_SAMPLER_DESTS = {"temperature": "temp", "typical_p": "typical"}
+_SAMPLER_FLAG_FIELDS = (
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+    "presence_penalty", "frequency_penalty", "typical_p", "top_n_sigma", "xtc_probability",
+    "xtc_threshold", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
+    "seed",
+)  # fmt: skip
 
 
 def sampler_params_from_args(args: argparse.Namespace) -> SamplerParams:
     return SamplerParams(
-        temperature=args.temp,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty,
-        repeat_last_n=args.repeat_last_n,
-        seed=args.seed,
+        **{f: getattr(args, _SAMPLER_DESTS.get(f, f)) for f in _SAMPLER_FLAG_FIELDS}
     )
 
 

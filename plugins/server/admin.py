@@ -54,11 +54,10 @@ async def models(request: Request) -> Any:
 def _default_generation_settings(served: Any) -> dict[str, Any]:
     """llama-server's ``default_generation_settings``: a request's settings when it sets
     none, and the context a slot has."""
-    from tessera.engine.sampling import SamplerParams
-
     from .native_format import generation_settings
 
-    params = generation_settings(SamplerParams(), n_predict=-1)
+    settings = served.settings
+    params = generation_settings(settings.sampler, n_predict=settings.default_n_predict(-1))
     return {"n_ctx": served.engine.ctx.n_ctx, "params": params}
 
 

@@ -199,7 +199,7 @@ async def anthropic_messages(request: Request) -> Any:
             body[name] = f[name]
     body["stop"] = f["stop_sequences"]
     chat = Fields(body, CHAT)
-    samplers = sampler_params(chat, 1)
+    samplers = sampler_params(chat, 1, state.settings.sampler)
     served = await state.model_for(request, f["model"])
     session = chat_session(served, chat)
     prompt = prompt_tokens(served, session.prompt())

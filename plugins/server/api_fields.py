@@ -85,14 +85,39 @@ _MESSAGE = {
     "required": ["role"],
     "properties": {
         "role": {"type": "string"},
-        "content": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        # an array of parts: text parts are joined; image and audio parts are refused
+        "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+            "type": "object", "required": ["type"], "properties": {"type": {"type": "string"}}}}]},
     },
-}
+}  # fmt: skip
 
 
 def _sampler(name: str, kind: str, doc: str, lo: float, hi: float | None = None, **kw: Any):
     """A field of :class:`SamplerParams`, with its default."""
     return Field(name, kind, doc, getattr(_SAMPLER, name), lo, hi, sampler=True, **kw)
+
+
+#: The later stages of the sampler chain (llama-server's names and ranges), on every route
+#: that samples except Anthropic's, whose API has none of them
+CHAIN = _group(
+    _sampler("presence_penalty", "number", "subtracted from each token seen in the last "
+             "repeat_last_n; 0 = off", None),
+    _sampler("frequency_penalty", "number", "subtracted per time a token was seen in the last "
+             "repeat_last_n; 0 = off", None),
+    _sampler("typical_p", "number", "locally typical sampling mass; 1 = off", None),
+    _sampler("top_n_sigma", "number", "keep logits within n deviations of the best; <= 0 off",
+             None),
+    _sampler("xtc_probability", "number", "chance that XTC drops the top choices; 0 = off", 0, 1),
+    _sampler("xtc_threshold", "number", "XTC drops tokens this likely but the last; > 0.5 off",
+             0, 1),
+    _sampler("dry_multiplier", "number", "DRY: penalty multiplier * base^(repeat - allowed); "
+             "0 = off", 0),
+    _sampler("dry_base", "number", "DRY: the penalty's base", 1),
+    _sampler("dry_allowed_length", "integer", "DRY: repeats up to this length are free", 0),
+    _sampler("dry_penalty_last_n", "integer", "DRY: tokens scanned; 0 off, -1 all", -1),
+    _sampler("dry_sequence_breakers", "any", "DRY: strings a repeat may not cross", None,
+             schema={"type": "array", "items": {"type": "string"}}),
+)  # fmt: skip
 
 
 MODEL = Field("model", "string", "the model to use (a name from /v1/models); default: the first")
@@ -134,13 +159,14 @@ SAMPLING = _group(
     ),
 )
 
-COMPLETIONS = SAMPLING | _group(
+COMPLETIONS = SAMPLING | CHAIN | _group(
     Field("prompt", "any", "a string, token ids, or a list of either", required=True,
           schema=_PROMPT),
     Field("logprobs", "integer", "return this many top log-probabilities per token", None, 0, 20),
+    Field("echo", "boolean", "the prompt's text before the completion's", False),
 )  # fmt: skip
 
-CHAT = SAMPLING | _group(
+CHAT = SAMPLING | CHAIN | _group(
     Field(
         "messages", "any", "the conversation: objects with a role and content", required=True,
         schema={"type": "array", "items": _MESSAGE, "minItems": 1},
@@ -227,6 +253,7 @@ NATIVE_SAMPLING = {
     **{k: SAMPLING[k] for k in ("model", "top_p", "top_k", "min_p", "repeat_penalty",
                                 "repeat_last_n", "seed", "stop", "stream", "id_slot",
                                 "cache_prompt", "ignore_eos")},
+    **CHAIN,
     **_group(
         _sampler("temperature", "number", "sampling temperature; 0 or below = greedy", None),
         Field("n_predict", "integer", "most tokens to generate; -1 = until the end, 0 = only "
@@ -284,6 +311,7 @@ OLLAMA_OPTIONS = _group(
     _sampler("repeat_penalty", "number", "penalty for recent tokens; 1 = off", 0, lo_open=True),
     _sampler("repeat_last_n", "integer", "recent tokens the penalty sees; 0 off, -1 all", -1),
     Field("seed", "integer", "sampling seed; -1 = random", None, -1, SEED_LIMIT - 1, sampler=True),
+    *(CHAIN[k] for k in ("presence_penalty", "frequency_penalty", "typical_p")),
     Field("num_predict", "integer", "most tokens to generate; -1 = until the end", None, -1),
     Field("num_ctx", "integer", "ignored: the context is the server's -c, set at start", None, 1),
     Field("stop", "strings", "strings that end the generation (not included in the text)"),

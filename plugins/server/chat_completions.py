@@ -18,6 +18,7 @@ from tessera.plugins.chat import ChatSession, chat_template
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import CHAT
+from .content_parts import plain_messages
 from .fields import Fields, read_json
 from .generation import (
     ChoiceRun,
@@ -51,6 +52,7 @@ def chat_session(served: ServedModel, f: Fields) -> ChatSession:
         raise ApiError(
             400, "'messages' must be a non-empty list of objects with a 'role'", "messages"
         )
+    messages = plain_messages(messages)
     tok = served.tokenizer
     tools = f["tools"]
     if tools is not None and not isinstance(tools, list):
@@ -89,8 +91,8 @@ async def chat_completions(request: Request) -> Any:
     n = f["n"]
     want_logprobs = f["logprobs"]
     n_top = f["top_logprobs"] if want_logprobs else -1
-    n_predict = max_tokens(f, default=-1)
-    samplers = sampler_params(f, n)
+    n_predict = max_tokens(f, default=state.settings.default_n_predict(-1))
+    samplers = sampler_params(f, n, state.settings.sampler)
     served = await state.model_for(request, f["model"])
     sessions = [chat_session(served, f) for _ in range(n)]
     prompt = prompt_tokens(served, sessions[0].prompt())

@@ -40,6 +40,25 @@ def prompts_of(served: ServedModel, prompt: Any) -> list[list[int]]:
     return [one(prompt)]
 
 
+def echoes(served: ServedModel, f: Fields, prompts: list[list[int]]) -> list[str]:
+    """The text ``echo`` puts before each prompt's completions ("" each without echo): a
+    prompt string as it was sent, token ids as text."""
+    if not f["echo"]:
+        return [""] * len(prompts)
+    if f["logprobs"] is not None:
+        raise ApiError(
+            400,
+            "echo with logprobs would need the prompt tokens' log-probabilities, which this "
+            "server does not compute; ask for echo or logprobs, not both",
+            "echo",
+        )
+    given = f["prompt"]
+    texts = given if isinstance(given, list) and len(given) == len(prompts) else [given]
+    tok = served.tokenizer
+    pairs = zip(texts, prompts, strict=True)
+    return [t if isinstance(t, str) else tok.decode(ids) for t, ids in pairs]
+
+
 def _logprobs(served: ServedModel, run: ChoiceRun, offset: int = 0) -> dict[str, Any]:
     """The legacy ``logprobs`` object: tokens, their logprobs, top alternatives, offsets."""
     tok = served.tokenizer
@@ -63,11 +82,12 @@ async def completions(request: Request) -> Any:
     f = Fields(await read_json(request), COMPLETIONS)
     n = f["n"]
     logprobs = f["logprobs"]
-    n_predict = max_tokens(f, default=16)
-    samplers = sampler_params(f, n)
+    n_predict = max_tokens(f, default=state.settings.default_n_predict(16))
+    samplers = sampler_params(f, n, state.settings.sampler)
     stream = f["stream"]
     served = await state.model_for(request, f["model"])
     prompts = prompts_of(served, f["prompt"])
+    echo = [text for text in echoes(served, f, prompts) for _ in range(n)]  # one per run
     n_top = -1 if logprobs is None else logprobs
     requests = [
         req
@@ -79,15 +99,21 @@ async def completions(request: Request) -> Any:
     if stream:
         include_usage = bool((f["stream_options"] or {}).get("include_usage"))
 
+        def echoed(i: int, text: str) -> str:
+            """The echo goes with a choice's first chunk."""
+            first, echo[i] = echo[i], ""
+            return first + text
+
         def on_piece(i: int, piece: Piece) -> list[dict]:
-            if not piece.text:
+            text = echoed(i, piece.text)
+            if not text:
                 return []
-            choice = {"index": i, "text": piece.text, "logprobs": None, "finish_reason": None}
+            choice = {"index": i, "text": text, "logprobs": None, "finish_reason": None}
             return [{**head, "choices": [choice]}]
 
         def on_end(i: int) -> list[dict]:
             reason = runs[i].finish_reason
-            choice = {"index": i, "text": "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": i, "text": echoed(i, ""), "logprobs": None, "finish_reason": reason}
             return [{**head, "choices": [choice]}]
 
         def tail() -> list[dict]:
@@ -102,7 +128,7 @@ async def completions(request: Request) -> Any:
     choices = [
         {
             "index": i,
-            "text": r.text,
+            "text": echo[i] + r.text,
             "logprobs": None if logprobs is None else _logprobs(served, r),
             "finish_reason": r.finish_reason,
         }

@@ -35,6 +35,23 @@ class Piece:
     progress: PromptProgress | None = None
 
 
+class ContextExceededError(ApiError):
+    """A prompt that does not fit the context: OpenAI's ``context_length_exceeded`` code
+    with llama-server's ``exceed_context_size_error`` type, ``n_prompt_tokens`` and ``n_ctx``."""
+
+    def __init__(self, message: str, n_prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(400, message, code="context_length_exceeded")
+        self.n_prompt_tokens = n_prompt_tokens
+        self.n_ctx = n_ctx
+
+    def body(self) -> dict[str, Any]:
+        body = super().body()
+        body["error"].update(
+            type="exceed_context_size_error", n_prompt_tokens=self.n_prompt_tokens, n_ctx=self.n_ctx
+        )
+        return body
+
+
 class ChoiceRun:
     """One generation in the engine, read as pieces of text."""
 
@@ -57,8 +74,9 @@ class ChoiceRun:
                 request, lambda event: loop.call_soon_threadsafe(self._events.put_nowait, event)
             )
         except ContextOverflowError as exc:
-            # the message names both token counts
-            raise ApiError(400, str(exc), code="context_length_exceeded") from None
+            # the message names both token counts; the body carries them as numbers too
+            n_ctx = served.engine.ctx.n_ctx
+            raise ContextExceededError(str(exc), len(request.prompt), n_ctx) from None
         except EngineBusyError as exc:
             raise ApiError(503, str(exc)) from None
         except TesseraError as exc:

@@ -81,7 +81,7 @@ async def infill(request: Request) -> Any:
         fim,
         parts,
         n_batch=ctx.params.n_batch,
-        n_predict=requested_n_predict(f),
+        n_predict=requested_n_predict(f, served.settings.default_n_predict(-1)),
         n_ctx=ctx.n_ctx,
         spm=served.settings.spm_infill,
     )

@@ -21,6 +21,7 @@ from tessera.engine.slot_types import GenerationRequest
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import NATIVE_COMPLETION
+from .dry_breakers import with_dry_breakers
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs
 from .native_format import (
@@ -50,12 +51,13 @@ def native_errors(
     return endpoint
 
 
-def requested_n_predict(f: Fields) -> int:
-    """``n_predict``, else its other name ``max_tokens``, else -1 (both are checked)."""
+def requested_n_predict(f: Fields, default: int = -1) -> int:
+    """``n_predict``, else its other name ``max_tokens``, else ``default`` (the server's
+    -n, or -1); both are checked."""
     n_predict, max_tokens = f["n_predict"], f["max_tokens"]
-    if f.body.get("n_predict") is None and max_tokens is not None:
-        return max_tokens
-    return n_predict
+    if f.body.get("n_predict") is not None:
+        return n_predict
+    return max_tokens if max_tokens is not None else default
 
 
 def _response_fields(f: Fields) -> tuple[str, ...]:
@@ -82,8 +84,8 @@ async def run_native(
     """Run ``prompts`` (``n_cmpl`` times each) and answer as llama-server does."""
     _refuse_grammars(f)
     n_cmpl, n_probs, stream = f["n_cmpl"], f["n_probs"], f["stream"]
-    n_predict = requested_n_predict(f)
-    samplers = sampler_params(f, n_cmpl)
+    n_predict = requested_n_predict(f, served.settings.default_n_predict(-1))
+    samplers = await with_dry_breakers(sampler_params(f, n_cmpl, served.settings.sampler), served)
     bias = native_logit_bias(served.tokenizer, f["logit_bias"])
     id_slot = checked_id_slot(f, served)
     stops = f["stop"]

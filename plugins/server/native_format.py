@@ -25,7 +25,9 @@ from tessera.engine.slot_types import TokenEvent
 from .generation import ChoiceRun, finish_timings
 
 #: The sampler chain in llama-server's names, in the order tessera applies it.
-SAMPLERS = ("penalties", "top_k", "top_p", "min_p", "temperature")
+SAMPLERS = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"
+)  # fmt: skip
 
 
 class ExceedContextError(ApiError):
@@ -91,6 +93,17 @@ def generation_settings(
         "min_p": sampler.min_p,
         "repeat_last_n": sampler.repeat_last_n,
         "repeat_penalty": sampler.repeat_penalty,
+        "presence_penalty": sampler.presence_penalty,
+        "frequency_penalty": sampler.frequency_penalty,
+        "typical_p": sampler.typical_p,
+        "top_n_sigma": sampler.top_n_sigma,
+        "xtc_probability": sampler.xtc_probability,
+        "xtc_threshold": sampler.xtc_threshold,
+        "dry_multiplier": sampler.dry_multiplier,
+        "dry_base": sampler.dry_base,
+        "dry_allowed_length": sampler.dry_allowed_length,
+        "dry_penalty_last_n": sampler.dry_penalty_last_n,
+        "dry_sequence_breakers": list(sampler.dry_sequence_breakers),
         "stop": list(stop),
         "max_tokens": n_predict,
         "n_predict": n_predict,

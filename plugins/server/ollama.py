@@ -24,6 +24,7 @@ from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import CHAT, OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS
 from .chat_completions import chat_session, prompt_tokens
+from .content_parts import no_encoder
 from .fields import Fields, read_json
 from .generation import ChoiceRun, run_all, run_error, start_runs
 from .openai_common import generation_requests, max_tokens, sampler_params
@@ -37,6 +38,9 @@ _OPTION_FIELDS = {
     "min_p": "min_p",
     "repeat_penalty": "repeat_penalty",
     "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "typical_p": "typical_p",
     "seed": "seed",
     "num_predict": "n_predict",
     "stop": "stop",
@@ -144,10 +148,9 @@ async def _respond(
     shape: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> Any:
     started = time.perf_counter()
-    n_predict = max_tokens(chat, default=-1)
-    requests = await generation_requests(
-        chat, served, prompt, sampler_params(chat, 1), n_predict, -1
-    )
+    n_predict = max_tokens(chat, default=served.settings.default_n_predict(-1))
+    samplers = sampler_params(chat, 1, served.settings.sampler)
+    requests = await generation_requests(chat, served, prompt, samplers, n_predict, -1)
     (run,) = start_runs(served, requests, chat["stop"])
 
     def line(parts: dict[str, Any], **more: Any) -> bytes:
@@ -205,6 +208,8 @@ async def ollama_generate(request: Request) -> Any:
     ``raw``; an empty prompt only loads the model (``done_reason: "load"``)."""
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), OLLAMA_GENERATE)
+    if f.body.get("images"):
+        raise no_encoder("vision")
     text = f["prompt"]
     messages = [{"role": "system", "content": f["system"]}] if f["system"] else []
     messages.append({"role": "user", "content": text})

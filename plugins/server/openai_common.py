@@ -18,6 +18,7 @@ from tessera.engine.sampling import SEED_LIMIT, SamplerParamError, SamplerParams
 from tessera.engine.slot_types import GenerationRequest, TokenEvent
 from tessera.plugins.server.state import ServedModel
 
+from .dry_breakers import with_dry_breakers
 from .fields import Fields
 from .generation import ChoiceRun, Piece, run_error
 
@@ -36,24 +37,23 @@ def response_head(served: ServedModel, object_name: str, prefix: str) -> dict[st
     }
 
 
-def sampler_params(f: Fields, n: int) -> list[SamplerParams]:
-    """The sampler of each of ``n`` choices from OpenAI's sampling fields plus llama.cpp's
-    (top_k, min_p, repeat_penalty, repeat_last_n, seed -1 = random). Called before any work:
-    a value out of its range is a 400 naming the field, never an error in the engine.
+#: The request fields that are :class:`SamplerParams` settings (the token-form breakers
+#: are made from dry_sequence_breakers with the model's vocabulary).
+SAMPLER_FIELDS = tuple(a.name for a in attrs.fields(SamplerParams) if a.name != "dry_breakers")
+
+
+def sampler_params(f: Fields, n: int, defaults: SamplerParams | None = None) -> list[SamplerParams]:
+    """The sampler of each of ``n`` choices: ``defaults`` (the server's --temp, --top-k ...)
+    with every sampling field the request gives, under OpenAI's and llama.cpp's names
+    (seed -1 = random). Called before any work: a value out of its range is a 400 naming
+    the field, never an error in the engine.
 
     The server keeps temperature to OpenAI's 0..2; the other ranges are
     :class:`SamplerParams`' own.
     """
+    given = {n: f[n] for n in SAMPLER_FIELDS if n in f.declared and f.body.get(n) is not None}
     try:
-        params = SamplerParams(
-            temperature=f["temperature"],
-            top_p=f["top_p"],
-            top_k=f["top_k"],
-            min_p=f["min_p"],
-            repeat_penalty=f["repeat_penalty"],
-            repeat_last_n=f["repeat_last_n"],
-            seed=f["seed"],
-        )
+        params = attrs.evolve(defaults or SamplerParams(), **given)
     except SamplerParamError as exc:
         raise ApiError(400, str(exc), param=exc.field) from None
     if params.seed is None:
@@ -129,6 +129,7 @@ async def generation_requests(
     ignore_eos = f["ignore_eos"]
     bias = logit_bias(f, served)
     constraint = await json_constraint(f, served)
+    samplers = await with_dry_breakers(samplers, served)
     return [
         GenerationRequest(
             prompt=prompt,

@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tessera.cli.args import add_model_arguments
+from tessera.cli.args import (
+    add_model_arguments,
+    add_sampling_arguments,
+    int_at_least,
+    sampler_params_from_args,
+)
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerSettings
 
@@ -24,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_model_arguments(parser, several_models=True)
     add_spec_arguments(parser)
+    # as llama-server: the defaults of a request that does not set them
+    add_sampling_arguments(parser)
     parser.set_defaults(parallel=4)
     g = parser.add_argument_group("server")
     g.add_argument(
@@ -61,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--max-tokens-cap", type=int, default=-1, help="upper bound on any request's max_tokens"
+    )
+    g.add_argument(
+        "-n",
+        "--n-predict",
+        type=int_at_least(-1),
+        default=None,
+        help="tokens to generate when a request does not say (-1: until the end; default: "
+        "each API's own, 16 for /v1/completions, -1 elsewhere)",
     )
     g.add_argument(
         "--max-queue", type=int, default=64, help="requests that may wait for a slot (503 above)"
@@ -168,6 +183,8 @@ def server_settings(args: argparse.Namespace) -> ServerSettings:
         cors_credentials=args.cors_credentials,
         spm_infill=args.spm_infill,
         log_format=args.log_format,
+        sampler=sampler_params_from_args(args),
+        n_predict=args.n_predict,
     )
     if settings.slot_save_path is not None:
         settings.slot_save_path.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from tessera.contract.routes import ApiError
+from tessera.engine.sampling import SamplerParams
 
 
 @attrs.frozen
@@ -53,6 +54,16 @@ class ServerSettings:
     spm_infill: bool = False
     #: The access log's format: one line per request on stderr, "text", "json" or "off".
     log_format: str = "text"
+
+    #: Sampling settings of a request that sets none (--temp, --top-k ... as llama-server);
+    #: a request's own field overrides its setting here.
+    sampler: SamplerParams = attrs.field(factory=SamplerParams)
+    #: Most tokens to generate when a request does not say (-n; None: each route's own).
+    n_predict: int | None = None
+
+    def default_n_predict(self, route_default: int) -> int:
+        """-n when it was given, else ``route_default`` (OpenAI's 16 for completions)."""
+        return route_default if self.n_predict is None else self.n_predict
 
     @property
     def api_keys(self) -> tuple[str, ...]:
