@@ -53,7 +53,9 @@ class Admission:
         if self.prompt_store is not None and req.cache_prompt:
             n_past = self._use_prompt_store(slot, req.prompt, n_past)
         n_past = min(n_past, len(req.prompt) - 1)  # the last prompt token gives the logits
-        self.ctx.kv.seq_rm(slot.id, n_past)
+        if not self.ctx.kv.seq_rm(slot.id, n_past):  # a recurrent state holds more
+            self.ctx.kv.seq_rm(slot.id)
+            n_past = 0
         del slot.cache_tokens[n_past:]
         slot.task, slot.prompt = task, req.prompt
         task.id_slot = slot.id

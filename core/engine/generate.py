@@ -20,6 +20,7 @@ from tessera.contract.spec import SpecDecoder, SpecParams
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context
 from tessera.engine.drafting import Drafter
+from tessera.engine.recurrent import refuse_speculation
 from tessera.engine.sampling import Sampler
 from tessera.engine.verify import NO_DRAFT, accept_draft
 from tessera.errors import ContextOverflowError, TesseraError
@@ -132,7 +133,11 @@ def generate(
     stats = stats if stats is not None else GenerationStats()
     all_rows = decoder is not None and decoder.needs_all_prompt_outputs
     n_past = 0 if all_rows else n_past  # the drafter reads every prompt row's state
-    ctx.kv.seq_rm(seq_id, n_past)
+    if decoder is not None:
+        refuse_speculation(ctx)
+    if not ctx.kv.seq_rm(seq_id, n_past):  # a recurrent state holds more than n_past
+        ctx.kv.seq_rm(seq_id)
+        n_past = 0
     t0 = time.perf_counter()
     logits = prefill(ctx, prompt[n_past:], seq_id, n_past, all_rows)
     stats.n_prompt, stats.t_prompt = len(prompt) - n_past, time.perf_counter() - t0

@@ -6,6 +6,8 @@ positions (int32), the token history (int32), then per cache layer the K and V r
 those cells, layer by layer: float32 for a cache in the compute dtype (format 1), and in
 the cache's own type for ``-ctk`` / ``-ctv`` f16 (float16) or q8_0 (its blocks), named by
 the header's ``type_k`` / ``type_v`` (format 2; :func:`tessera.engine.kv_types.encode`).
+A model with recurrent layers adds the sequence's states after them, float32 in the compute
+dtype's format, with their shapes and the position they end at under ``recurrent`` (format 3).
 
 The tensors move through the backend's batched transfers (``get_n`` / ``set_n``) when its
 probe says yes and ``TESSERA_BATCHED_COPY_DISABLE`` is unset, else through the per-tensor
@@ -37,7 +39,7 @@ from tessera.switches import BATCHED_COPY_DISABLE, Choice, choose
 MAGIC = b"TSRSTATE"
 #: The newest format this tessera reads; files of caches in the compute dtype are written
 #: as format 1 (what earlier versions read), files with other cache types as format 2.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The variable that moves tensors one at a time (declared in :mod:`tessera.switches`).
 BATCHED_COPY_DISABLE_ENV = BATCHED_COPY_DISABLE.name
 _PREFIX = struct.Struct("<8sII")  # magic, format version, header length
@@ -87,6 +89,11 @@ def _layers(ctx: Any) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in zip(ctx.kv.k, ctx.kv.v, strict=True) if k is not None]
 
 
+def _states(ctx: Any) -> list[Any]:
+    """The recurrent state tensors (one row per sequence), none for a KV-only model."""
+    return [] if getattr(ctx, "recurrent", None) is None else ctx.recurrent.tensors()
+
+
 def _types(ctx: Any) -> tuple[str, str]:
     """The K and V cache types of ``ctx`` by name (the compute dtype's for its default)."""
     dtype = ctx.model.backend.dtype
@@ -107,8 +114,9 @@ def save_state(
     backend = ctx.model.backend
     cells = _seq_cells(ctx, seq_id)
     layers = _layers(ctx)
-    tensors = [t for kv in layers for t in kv]
-    arrays = get_n(backend, tensors, [cells] * len(tensors))
+    tensors, states = [t for kv in layers for t in kv], _states(ctx)
+    rows = [cells] * len(tensors) + [np.array([seq_id])] * len(states)
+    arrays = get_n(backend, tensors + states, rows)
     types = _types(ctx)
     header = {
         "model": ctx.model.identity,
@@ -122,6 +130,10 @@ def save_state(
     version = 1 if types == (backend.dtype,) * 2 else 2
     if version == 2:
         header["type_k"], header["type_v"] = types
+    if states:
+        version = 3
+        end = int(ctx.recurrent.pos[seq_id])
+        header["recurrent"] = {"pos": end, "shapes": [list(t.shape[1:]) for t in states]}
     head = json.dumps(header, sort_keys=True).encode()
     h = hashlib.sha256()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +145,11 @@ def save_state(
                 head,
                 ctx.kv.pos[cells].astype("<i4"),
                 np.asarray(tokens, dtype="<i4"),
-                *(encode(a, types[i % 2], backend.dtype) for i, a in enumerate(arrays)),
+                *(
+                    encode(a, types[i % 2], backend.dtype)
+                    for i, a in enumerate(arrays[: len(tensors)])
+                ),
+                *(encode(a, backend.dtype, backend.dtype) for a in arrays[len(tensors) :]),
             ]
             for chunk in chunks:
                 data = memoryview(chunk).cast("B")
@@ -174,6 +190,7 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
         header = json.loads(bytes(body[_PREFIX.size : _PREFIX.size + n_head]))
         n_cells, n_tokens = int(header["n_cells"]), int(header["n_tokens"])
         shapes = [tuple(s) for s in header["shapes"]]
+        state_shapes = [tuple(s) for s in header.get("recurrent", {}).get("shapes", [])]
     except (ValueError, KeyError, TypeError) as exc:
         raise StateFileError(f"'{path}' has a damaged header; delete it") from exc
     model = ctx.model
@@ -183,6 +200,8 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
     want = [tuple(t.shape[1:]) for kv in layers for t in kv]
     if header.get("n_layer") != len(layers) or shapes != want:
         raise StateFileError(f"'{path}' has a KV cache layout that does not match this model")
+    if state_shapes != [tuple(t.shape[1:]) for t in _states(ctx)]:
+        raise StateFileError(f"'{path}' has recurrent states that do not match this model")
     dtype = model.backend.dtype
     if header.get("dtype") != dtype:
         raise StateFileError(
@@ -195,9 +214,14 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
             f"'{path}' holds a KV cache of K {saved[0]}, V {saved[1]}, this context stores "
             f"K {_types(ctx)[0]}, V {_types(ctx)[1]}; load it with -ctk {saved[0]} -ctv {saved[1]}"
         )
-    sizes = [4 * n_cells, 4 * n_tokens] + [
-        encoded_bytes(n_cells * int(np.prod(s)), saved[i % 2], dtype) for i, s in enumerate(shapes)
-    ]
+    sizes = (
+        [4 * n_cells, 4 * n_tokens]
+        + [
+            encoded_bytes(n_cells * int(np.prod(s)), saved[i % 2], dtype)
+            for i, s in enumerate(shapes)
+        ]
+        + [encoded_bytes(int(np.prod(s)), dtype, dtype) for s in state_shapes]
+    )
     offset = _PREFIX.size + n_head
     if offset + sum(sizes) != len(body):
         raise StateFileError(f"'{path}' has a payload of the wrong size; delete it")
@@ -208,7 +232,10 @@ def _read(ctx: Any, path: Path) -> tuple[dict, np.ndarray, np.ndarray, list[np.n
     positions, tokens = parts[0].view("<i4"), parts[1].view("<i4")
     arrays = [
         decode(a, saved[i % 2], dtype, (n_cells, *s))
-        for i, (a, s) in enumerate(zip(parts[2:], shapes, strict=True))
+        for i, (a, s) in enumerate(zip(parts[2 : 2 + len(shapes)], shapes, strict=True))
+    ] + [
+        decode(a, dtype, dtype, (1, *s))
+        for a, s in zip(parts[2 + len(shapes) :], state_shapes, strict=True)
     ]
     if n_cells and (positions.min() < 0 or positions.max() >= ctx.n_ctx):
         raise StateFileError(f"'{path}' holds positions beyond this context's {ctx.n_ctx} tokens")
@@ -243,13 +270,16 @@ def load_state(
         raise StateFileError(
             f"'{path}' holds {n_cells} cells but the context has fewer free; raise -c"
         ) from exc
-    tensors = [t for pair in _layers(ctx) for t in pair]
+    tensors, states = [t for pair in _layers(ctx) for t in pair], _states(ctx)
+    rows = [cells] * len(tensors) + [np.array([seq_id])] * len(states)
     try:
-        set_n(ctx.model.backend, tensors, [cells] * len(tensors), arrays)
+        set_n(ctx.model.backend, tensors + states, rows, arrays)
     except BaseException:
         kv.restore(before)
         raise
     kv.commit(cells, positions, np.full(n_cells, seq_id))
+    if states:
+        ctx.recurrent.pos[seq_id] = int(header["recurrent"]["pos"])
     if sampler is not None and rng_state is not None:
         sampler.rng.bit_generator.state = rng_state
     return SavedState([int(t) for t in tokens], rng_state)

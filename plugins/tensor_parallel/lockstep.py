@@ -58,13 +58,13 @@ class _MirroredKV:
         values = [-1 if a is None else int(a) for a in args]
         self._comm.broadcast(_header(OP_KV, KV_METHODS[method], *values), 0)
 
-    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> None:
+    def seq_rm(self, seq_id: int, p0: int = 0, p1: int | None = None) -> bool:
         self._mirror("seq_rm", seq_id, p0, p1)
-        self._kv.seq_rm(seq_id, p0, p1)
+        return self._kv.seq_rm(seq_id, p0, p1)
 
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> None:
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int | None = None) -> bool:
         self._mirror("seq_cp", src, dst, p0, p1)
-        self._kv.seq_cp(src, dst, p0, p1)
+        return self._kv.seq_cp(src, dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
         self._mirror("seq_keep", seq_id)
