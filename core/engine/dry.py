@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -65,6 +66,15 @@ class DryBreakers:
                     if word.endswith(breaker[:k]):
                         add(token, tuple(tokenize(breaker[k:])[:MAX_TAIL_TOKENS]))
         return cls({t: tuple(tails) for t, tails in heads.items()})
+
+    @classmethod
+    def for_tokenizer(cls, breakers: Sequence[str], tokenizer: Any) -> DryBreakers:
+        """The token form of ``breakers`` for a :class:`tessera.text.tokenizer.Tokenizer`
+        (a pass over its whole vocabulary)."""
+        pieces = [tokenizer.token_to_piece(i) for i in range(tokenizer.n_vocab)]
+        return cls.from_strings(
+            breakers, pieces, lambda text: tokenizer.encode(text, add_special=False)
+        )
 
     def is_single_token(self, token: int) -> bool:
         return () in self.heads.get(token, ())

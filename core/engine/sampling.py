@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -153,6 +154,14 @@ class SamplerParams:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    def with_vocabulary(self, tokenizer: Any) -> SamplerParams:
+        """These settings with DRY's breakers in the token form of ``tokenizer`` (the same
+        settings when DRY is off or the breakers are already made)."""
+        if self.dry_multiplier == 0.0 or self.dry_breakers is not None:
+            return self
+        breakers = DryBreakers.for_tokenizer(self.dry_sequence_breakers, tokenizer)
+        return attrs.evolve(self, dry_breakers=breakers)
 
     @property
     def needs_full_distribution(self) -> bool:

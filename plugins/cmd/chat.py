@@ -77,6 +77,7 @@ def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) 
     model = load_model_from_args(args, runtime)
     if model.tokenizer is None:
         raise TesseraError(f"'{model.path}' has no tokenizer; chat with a model that has one")
+    sampler = Sampler(sampler.params.with_vocabulary(model.tokenizer))  # DRY's breakers as tokens
     ctx = context_from_args(args, model)
     print(model_summary(model, ctx), file=sys.stderr, flush=True)
     interactive = sys.stdin is not None and sys.stdin.isatty()

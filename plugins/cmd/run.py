@@ -174,6 +174,7 @@ def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
     tok = model.tokenizer
     if tok is None:
         raise TesseraError(f"'{model.path}' has no tokenizer; use a model file with a vocabulary")
+    sampler = Sampler(sampler.params.with_vocabulary(tok))  # DRY's breakers as tokens
     if session is not None:
         ctx = session.make_context(context_params_from_args(args, model))
     else:

@@ -17,12 +17,6 @@ from tessera.engine.sampling import SamplerParams
 from tessera.plugins.server.state import ServedModel
 
 
-def _breakers(served: ServedModel, strings: tuple[str, ...]) -> DryBreakers:
-    tok = served.tokenizer
-    pieces = [tok.token_to_piece(i) for i in range(tok.n_vocab)]
-    return DryBreakers.from_strings(strings, pieces, lambda s: tok.encode(s, add_special=False))
-
-
 async def with_dry_breakers(
     samplers: Sequence[SamplerParams], served: ServedModel
 ) -> list[SamplerParams]:
@@ -36,7 +30,9 @@ async def with_dry_breakers(
         breakers = served.extras.get(key)
         if breakers is None:
             # a pass over the vocabulary: seconds for a large one, so off the event loop
-            breakers = await asyncio.to_thread(_breakers, served, params.dry_sequence_breakers)
+            breakers = await asyncio.to_thread(
+                DryBreakers.for_tokenizer, params.dry_sequence_breakers, served.tokenizer
+            )
             breakers = served.extras.setdefault(key, breakers)
         out.append(attrs.evolve(params, dry_breakers=breakers))
     return out
