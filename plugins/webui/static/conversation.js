@@ -12,6 +12,17 @@ export const SAMPLERS = [
   { name: "repeat_last_n", label: "Repeat last n", step: "1", min: "-1", hint: "64", integer: true },
   { name: "max_tokens", label: "Max tokens", step: "1", min: "1", hint: "until the end", integer: true },
   { name: "seed", label: "Seed", step: "1", min: "-1", hint: "random", integer: true },
+  // the later stages of the chain, behind "More samplers"
+  { name: "presence_penalty", label: "Presence penalty", step: "0.05", hint: "0", more: true },
+  { name: "frequency_penalty", label: "Frequency penalty", step: "0.05", hint: "0", more: true },
+  { name: "typical_p", label: "Typical p", step: "0.01", min: "0", hint: "1 (off)", more: true },
+  { name: "top_n_sigma", label: "Top-n-sigma", step: "0.1", hint: "-1 (off)", more: true },
+  { name: "xtc_probability", label: "XTC probability", step: "0.01", min: "0", max: "1", hint: "0", more: true },
+  { name: "xtc_threshold", label: "XTC threshold", step: "0.01", min: "0", max: "1", hint: "0.1", more: true },
+  { name: "dry_multiplier", label: "DRY multiplier", step: "0.05", min: "0", hint: "0 (off)", more: true },
+  { name: "dry_base", label: "DRY base", step: "0.05", min: "1", hint: "1.75", more: true },
+  { name: "dry_allowed_length", label: "DRY allowed length", step: "1", min: "0", hint: "2", integer: true, more: true },
+  { name: "dry_penalty_last_n", label: "DRY last n", step: "1", min: "-1", hint: "64", integer: true, more: true },
 ];
 
 export function newId() {

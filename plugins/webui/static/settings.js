@@ -7,6 +7,8 @@ const panel = document.getElementById("chat-settings");
 const toggle = document.getElementById("settings-toggle");
 const system = document.getElementById("set-system");
 const grid = document.getElementById("settings-samplers");
+const more = document.getElementById("settings-more");
+const moreGrid = document.getElementById("settings-more-samplers");
 const inputs = {};
 let conversation = null;
 let changed = () => {};
@@ -19,12 +21,12 @@ for (const s of SAMPLERS) {
   input.id = "set-" + s.name;
   input.name = s.name;
   input.step = s.step;
-  input.min = s.min;
+  if (s.min) input.min = s.min;
   if (s.max) input.max = s.max;
   input.placeholder = s.hint;
   input.inputMode = s.integer ? "numeric" : "decimal";
   label.appendChild(input);
-  grid.appendChild(label);
+  (s.more ? moreGrid : grid).appendChild(label);
   inputs[s.name] = input;
 }
 
@@ -70,5 +72,7 @@ export function showSettings(conv, onChange) {
     const v = conv.settings[s.name];
     inputs[s.name].value = v === undefined ? "" : v;
   }
+  // folded unless the conversation sets one of them
+  more.open = SAMPLERS.some((s) => s.more && conv.settings[s.name] !== undefined);
   countSet();
 }

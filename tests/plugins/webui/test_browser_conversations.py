@@ -103,6 +103,46 @@ def test_settings_belong_to_their_conversation_and_reach_the_server(driver, conv
     assert stored["Alpha"]["top_k"] == "7" and "top_k" not in stored["Beta"]
 
 
+#: name -> (what is typed, what the server's sampler must hold)
+MORE_SAMPLERS = {
+    "presence_penalty": ("0.5", 0.5),
+    "frequency_penalty": ("-0.25", -0.25),
+    "typical_p": ("0.9", 0.9),
+    "top_n_sigma": ("1.5", 1.5),
+    "xtc_probability": ("0.3", 0.3),
+    "xtc_threshold": ("0.2", 0.2),
+    "dry_multiplier": ("0.8", 0.8),
+    "dry_base": ("2", 2.0),
+    "dry_allowed_length": ("3", 3),
+    "dry_penalty_last_n": ("-1", -1),
+}
+
+
+def test_the_later_samplers_are_folded_away_and_reach_the_server(driver, conv_server):
+    srv = conv_server
+    fresh_page(driver, srv.url)
+    _open_settings(driver)
+    more = css(driver, "#settings-more")[0]
+    assert more.get_attribute("open") is None  # folded: a new chat sets none of them
+    assert not css(driver, "#set-dry_multiplier")[0].is_displayed()
+    click(driver, "#settings-more summary")
+    for name, (typed, _) in MORE_SAMPLERS.items():
+        type_into(driver, f"#set-{name}", typed)
+    with scripted_answer(srv, ANSWER) as engine:
+        send(driver, "Gamma")
+        last_answer(driver)
+    (request,) = engine.requests
+    assert {n: getattr(request.sampler, n) for n in MORE_SAMPLERS} == {
+        n: value for n, (_, value) in MORE_SAMPLERS.items()
+    }
+    driver.refresh()
+    wait(driver, lambda d: css(d, ".msg.user"), what="the conversation after a reload")
+    _open_settings(driver)
+    assert css(driver, "#settings-more")[0].get_attribute("open") == "true"  # it sets some
+    for name, (typed, _) in MORE_SAMPLERS.items():
+        assert css(driver, f"#set-{name}")[0].get_attribute("value") == typed, name
+
+
 def test_rename_delete_export_and_import(driver, conv_server, downloads_dir):
     srv = conv_server
     fresh_page(driver, srv.url)
