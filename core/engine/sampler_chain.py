@@ -45,8 +45,10 @@ def penalties(
 def top_n_sigma(logits: np.ndarray, n: float) -> np.ndarray:
     """Keep the logits within ``n`` standard deviations of the best (the rest -inf);
     -inf logits take no part in the mean and deviation. ``n`` <= 0: off."""
+    if n <= 0.0 or len(logits) <= 1:
+        return logits
     finite = logits[np.isfinite(logits)]
-    if n <= 0.0 or len(logits) <= 1 or not finite.size:
+    if not finite.size:
         return logits
     best, std = float(finite.max()), float(finite.astype(np.float64).std())
     return np.where(logits < best - n * std, -np.inf, logits).astype(logits.dtype)
