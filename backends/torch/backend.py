@@ -62,6 +62,13 @@ INFERENCE_MODE = Switch(
     ON,
     default=True,
 )
+CHUNKED_DELTA = Switch(
+    "TESSERA_TORCH_CHUNKED_DELTA",
+    "gated delta rule over a prompt in chunks of 64 tokens (a few matmuls per chunk, as "
+    "llama.cpp prefills); 0: token by token",
+    ON,
+    default=True,
+)
 
 #: CPU flags of units that make torch's bf16 matmul faster than f32 (oneDNN uses them).
 FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -191,7 +198,8 @@ def tessera_register_switches(register):
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
 
-    for switch in (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE):
+    switches = (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE)
+    for switch in (*switches, CHUNKED_DELTA):
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)

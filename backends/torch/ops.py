@@ -33,7 +33,7 @@ from tessera.backends.torch.transfers import TransferOps
 from tessera.backends.torch.weights import WeightOps
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS, Backend
 from tessera.contract.ops import Op
-from tessera.switches import flag
+from tessera.switches import Choice, flag
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -66,6 +66,7 @@ class TorchBackend(
         self._block_structs: dict[int, tuple[Any, Any]] = {}
         self._block_step: tuple[Any, ...] | None = None
         self._packed_linear: PackedLinear | None = None  # made on first use
+        self._chunked_delta: Choice | None = None  # the gated delta rule's path, on first use
 
     # -- capability probe and setup --------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Conformance cases of the recurrent layers' ops: ``sigmoid``, ``ssm_conv`` (a decode row
-and a prefill of 9 rows, continuing a state) and ``gated_delta_net`` (one token and 7,
-more value heads than key heads); an op's output and its new state are compared as one
+and a prefill of 9 rows, continuing a state) and ``gated_delta_net`` (one token, 7 and
+70, more value heads than key heads); an op's output and its new state are compared as one
 flattened array."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def recurrent_cases() -> list[Case]:
             )
         )
     hk, h, dk, dv = 2, 4, 16, 8
-    for n in (1, 7):
+    for n in (1, 7, 70):  # 70: past one chunk of a chunked implementation
         cases.append(
             Case(
                 f"gated_delta_net-T{n}-Hk{hk}-H{h}-Dk{dk}-Dv{dv}",

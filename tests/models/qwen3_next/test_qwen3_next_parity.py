@@ -32,7 +32,10 @@ from qwen3_next_oracle import (
     transformers_answers,
 )
 
+from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
 from tessera.files.gguf import read_gguf
+from tessera.files.load import load_model
 from tessera.testing.pytest_plugin import architecture_conformance
 
 test_conformance_numpy = architecture_conformance("qwen3next", runtime=RUNTIME)
@@ -94,3 +97,20 @@ def test_tessera_plugins_lists_the_architecture(capsys):
     (plugin,) = [p for p in report["plugins"] if p["name"] == "arch-qwen3next"]
     assert plugin["module"] == "tessera.models.qwen3_next.arch"
     assert "qwen3next" in report["architectures"]
+
+
+@pytest.mark.parametrize("chunked", ["1", "0"])
+def test_a_prompt_longer_than_a_chunk_matches_transformers_on_both_delta_rule_paths(
+    chunked, monkeypatch
+):
+    """torch runs the delta rule over a prompt in chunks of 64 (TESSERA_TORCH_CHUNKED_DELTA)
+    or token by token; a 150-token prompt crosses two chunk boundaries."""
+    if "torch" not in BACKENDS:
+        pytest.skip("torch is not installed")
+    monkeypatch.setenv("TESSERA_TORCH_CHUNKED_DELTA", chunked)
+    model = load_model(LLAMA_CPP_F32, RUNTIME, RUNTIME.create_backend("torch", dtype="f32"))
+    ids = prompt(11, 150)
+    logits = Context(model, ContextParams(n_ctx=256)).decode(Batch.for_sequence(ids, logits="all"))
+    assert np.abs(logits - transformers_answers(11, 150)[0]).max() < TOL
+    path = model.backend.paths["gated delta rule"].path
+    assert path == ("chunked" if chunked == "1" else "token by token")
