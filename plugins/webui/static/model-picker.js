@@ -3,11 +3,19 @@
 import { api, status } from "./api.js";
 
 export const picker = document.getElementById("chat-model");
+const loaded = new Set();
+
+// Whether the server has the model loaded (as of the last fill).
+export function isLoaded(name) {
+  return loaded.has(name);
+}
 
 export async function fillPicker() {
   let names;
   try {
     const data = await api("/api/models");
+    loaded.clear();
+    for (const m of data.models) if (m.state === "loaded") loaded.add(m.name);
     const rows = data.models.filter((m) => !m.hidden);
     rows.sort((a, b) => (b.favourite - a.favourite) || a.name.localeCompare(b.name));
     names = rows.map((m) => [m.name, (m.favourite ? "\u2605 " : "") + m.name +

@@ -1,7 +1,9 @@
 // The settings panel of the open conversation: its system prompt and sampler values.
 // Each conversation keeps its own; an empty box means the server's default.
 
+import { api } from "./api.js";
 import { SAMPLERS } from "./conversation.js";
+import { isLoaded, picker } from "./model-picker.js";
 
 const panel = document.getElementById("chat-settings");
 const toggle = document.getElementById("settings-toggle");
@@ -53,10 +55,34 @@ for (const type of ["input", "change"]) {
     input.addEventListener(type, () => { if (input.validity.valid) store(name, input.value); });
   }
 }
+// The greyed hint of an empty box: the server's default for a request that sets none
+// (tessera serve --temp ... changes them), the usual one (with its note) when they agree.
+function hintOf(s, value) {
+  if (typeof value !== "number" || value === parseFloat(s.hint)) return s.hint;
+  if (s.name === "seed" && value < 0) return "random";
+  if (s.name === "max_tokens" && value < 0) return "until the end";
+  return String(value);
+}
+
+// Asked only of a loaded model: /props of one not loaded would load it.
+async function showServerDefaults() {
+  if (panel.hidden || !isLoaded(picker.value)) return;
+  let params;
+  try {
+    params = (await api("/props?model=" + encodeURIComponent(picker.value)))
+      .default_generation_settings.params;
+  } catch (e) {
+    return;  // the usual hints stay (an older server, /props off, a key not yet given)
+  }
+  for (const s of SAMPLERS) inputs[s.name].placeholder = hintOf(s, params[s.name]);
+}
+
 toggle.addEventListener("click", () => {
   panel.hidden = !panel.hidden;
   toggle.setAttribute("aria-expanded", String(!panel.hidden));
+  showServerDefaults();
 });
+picker.addEventListener("change", showServerDefaults);
 document.getElementById("settings-reset").addEventListener("click", () => {
   for (const s of SAMPLERS) delete conversation.settings[s.name];
   showSettings(conversation);

@@ -143,6 +143,19 @@ def test_the_later_samplers_are_folded_away_and_reach_the_server(driver, conv_se
         assert css(driver, f"#set-{name}")[0].get_attribute("value") == typed, name
 
 
+def test_the_greyed_hints_are_the_servers_defaults(driver):
+    flags = ["--temp", "0.3", "--top-k", "7", "--dry-multiplier", "0.5", "-n", "20"]
+    with live_server(["--backend", "numpy", "-c", "256", "-np", "1", *flags]) as srv:
+        fresh_page(driver, srv.url)
+        _open_settings(driver)
+        expected = {"temperature": "0.3", "top_k": "7", "dry_multiplier": "0.5",
+                    "max_tokens": "20", "top_p": "0.95", "seed": "random"}  # fmt: skip
+        hints = lambda d: {n: css(d, f"#set-{n}")[0].get_attribute("placeholder")  # noqa: E731
+                           for n in expected}  # fmt: skip
+        wait(driver, lambda d: hints(d) == expected, what=f"the server's defaults {expected}")
+        assert _values(driver) == dict.fromkeys(_values(driver), "")  # hints, not values
+
+
 def test_rename_delete_export_and_import(driver, conv_server, downloads_dir):
     srv = conv_server
     fresh_page(driver, srv.url)

@@ -1,5 +1,5 @@
 """The page's frame in headless Chromium: it fills the window, works at a phone's width
-(375 px: no horizontal scroll, the conversations slide in), follows the system's light or
+(375 and 390 px: no horizontal scroll, the conversations slide in), follows the system's light or
 dark scheme until switched and remembers the switch, and every file it loads is there
 (the favicon too). Also makes the chat screenshots of docs/web-ui.md."""
 
@@ -59,10 +59,15 @@ def layout_server():
         yield srv
 
 
-@pytest.fixture
-def phone(driver):
-    driver.set_window_size(375, 812)
-    yield driver
+#: The docs' phone screenshots are taken at the narrower width.
+SHOT_WIDTH = 375
+
+
+@pytest.fixture(params=[375, 390], ids=lambda w: f"{w}px")
+def phone(driver, request):
+    """The browser at a phone's width, and that width."""
+    driver.set_window_size(request.param, 812)
+    yield driver, request.param
     driver.set_window_size(1200, 820)
 
 
@@ -123,18 +128,23 @@ def test_the_page_fills_the_window_and_screenshots(driver, layout_server, shots)
 
 
 def test_phone_width_has_no_horizontal_scroll(phone, layout_server, shots):
-    driver = phone
+    driver, width = phone
     _scheme(driver, "light")
-    assert driver.execute_script("return window.innerWidth") == 375
+    assert driver.execute_script("return window.innerWidth") == width
+
+    def shot(name: str) -> None:
+        if width == SHOT_WIDTH:
+            driver.save_screenshot(str(shots / name))
+
     _showcase(driver, layout_server)
     assert no_horizontal_scroll(driver)
     sidebar = css(driver, "#sidebar")[0]
     assert sidebar.rect["x"] + sidebar.rect["width"] <= 0  # off to the side
-    driver.save_screenshot(str(shots / "chat-phone.png"))
+    shot("chat-phone.png")
     click(driver, "#sidebar-toggle")
     wait(driver, lambda d: sidebar.rect["x"] >= 0, what="the conversations slid in")
     assert no_horizontal_scroll(driver)
-    driver.save_screenshot(str(shots / "chat-phone-conversations.png"))
+    shot("chat-phone-conversations.png")
     click(driver, '#conversation-list button.conv-title[title="Write a haiku about tensors"]')
     wait(driver, lambda d: sidebar.rect["x"] + sidebar.rect["width"] <= 0, what="slid out")
     click(driver, "#settings-toggle")
