@@ -204,7 +204,7 @@ def tessera_register_communicators(register: Callable[[CommunicatorInfo], None])
     - ``collective=True`` marks a library of real collectives; such communicators are
       preferred. ``max_ranks`` caps the group size (``None``: any).
 
-    Selection (:func:`tessera.contract.comm.choose_communicator`): the one named by
+    Selection (:func:`tessera.plugins.tensor_parallel.choice.choose_communicator`): the one named by
     ``--communicator`` / ``TESSERA_COMMUNICATOR``; else the first collective one every rank
     can use; else a point-to-point one whose ``max_ranks`` covers the group; else the
     group is refused with an error naming what each rank lacks.

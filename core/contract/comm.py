@@ -2,15 +2,11 @@
 
 A communicator plugin registers a :class:`CommunicatorInfo` (hook
 ``tessera_register_communicators``). Before a group forms, every rank runs each
-communicator's ``probe(device)`` and sends the answers to rank 0 (see
-:mod:`tessera.plugins.tensor_parallel.rendezvous`); :func:`choose_communicator` then picks, on rank
-0 and for everyone, the first communicator that *every* rank can use:
-
-1. the one named by ``--communicator`` / ``TESSERA_COMMUNICATOR`` (an error if some rank
-   cannot use it), else
-2. a collective communicator (``collective=True``, e.g. ``torch-distributed``), else
-3. a point-to-point one whose ``max_ranks`` covers the group (``pairwise``: two ranks),
-4. else the group is refused with a sentence naming what each rank lacks.
+communicator's ``probe(device)`` and sends the answers to rank 0; the tensor-parallel
+plugin then picks, on rank 0 and for everyone, the first communicator that *every* rank can
+use (:mod:`tessera.plugins.tensor_parallel.choice`): the one named by ``--communicator`` /
+``TESSERA_COMMUNICATOR``, else a collective one (``collective=True``), else a
+point-to-point one whose ``max_ranks`` covers the group.
 
 The created :class:`Communicator` works on numpy arrays and torch tensors alike and
 counts calls and bytes per collective (the benchmark reports them per token).
@@ -19,13 +15,13 @@ counts calls and bytes per collective (the benchmark reports them per token).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
 from tessera.errors import TesseraError
-from tessera.switches import COMMUNICATOR, text
+from tessera.switches import COMMUNICATOR
 
 #: The variable naming the communicator to use, like ``--communicator`` (the switch for
 #: A/B runs; declared in :mod:`tessera.switches`).
@@ -164,80 +160,3 @@ class Communicator(ABC):
 
     def close(self) -> None:  # noqa: B027
         """Leave the group and free its sockets (the default holds nothing)."""
-
-
-def choose_communicator(
-    infos: Mapping[str, CommunicatorInfo],
-    probes: Sequence[Mapping[str, CommunicatorProbe]],
-    requested: str | None = None,
-) -> tuple[str, tuple[str, ...], str]:
-    """``(name, common features, why)`` for a group whose rank ``r`` answered ``probes[r]``.
-
-    ``requested`` (or ``TESSERA_COMMUNICATOR``) forces one. Raises
-    :class:`CommunicatorError` naming what is missing when no communicator fits.
-    """
-    world_size = len(probes)
-    requested = requested or text(COMMUNICATOR)
-
-    def lacking(name: str) -> list[str]:
-        out = []
-        for rank, answers in enumerate(probes):
-            p = answers.get(name)
-            if p is None or not p.usable:
-                out.append(f"rank {rank}: {p.reason if p else 'not installed'}")
-        return out
-
-    def common(name: str) -> tuple[str, ...]:
-        sets = [set(answers[name].features) for answers in probes]
-        first = probes[0][name].features
-        return tuple(f for f in first if all(f in s for s in sets))
-
-    def fits(info: CommunicatorInfo) -> bool:
-        return info.max_ranks is None or world_size <= info.max_ranks
-
-    if requested is not None:
-        if requested not in infos:
-            known = ", ".join(sorted(infos)) or "none"
-            raise CommunicatorError(
-                f"unknown communicator '{requested}'; the installed communicators are: {known}"
-            )
-        if not fits(infos[requested]):
-            raise CommunicatorError(
-                f"communicator '{requested}' connects at most {infos[requested].max_ranks} "
-                f"ranks, not {world_size}; use a collective communicator or fewer ranks"
-            )
-        if missing := lacking(requested):
-            raise CommunicatorError(
-                f"communicator '{requested}' is not usable on every rank ("
-                + "; ".join(missing)
-                + "); choose another with --communicator"
-            )
-        return requested, common(requested), "requested"
-    ordered = sorted(infos.values(), key=lambda i: (not i.collective, i.name))
-    reasons = []
-    for info in ordered:
-        if not fits(info):
-            reasons.append(f"{info.name} connects at most {info.max_ranks} ranks")
-            continue
-        if missing := lacking(info.name):
-            reasons.append(f"{info.name} is not usable on " + ", ".join(missing))
-            continue
-        kind = "collective" if info.collective else "point-to-point fallback"
-        return info.name, common(info.name), f"{kind}, usable on all {world_size} ranks"
-    raise CommunicatorError(
-        f"no communicator can connect these {world_size} ranks ("
-        + "; ".join(reasons or ["no communicator plugin is installed"])
-        + "); install torch with torch.distributed on every rank, or use --tp 2"
-    )
-
-
-def parse_master(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) as a pair; a clear error otherwise."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise CommunicatorError(
-            f"--tp-master must be HOST:PORT with a port in 1..65535 (rank 0's address), "
-            f"got '{text}'"
-        )
-    return host, int(port)

@@ -28,14 +28,13 @@ from tessera.contract.comm import (
     CommunicatorError,
     CommunicatorProbe,
     GroupSpec,
-    choose_communicator,
-    parse_master,
 )
 from tessera.contract.tp import Split
 from tessera.errors import ModelFileError, TesseraError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.load import Model, model_identity, select_backend, stored_tensor
-from tessera.plugins.tensor_parallel.ports import free_port
+from tessera.plugins.tensor_parallel.choice import choose_communicator
+from tessera.plugins.tensor_parallel.ports import free_port, parse_master
 from tessera.plugins.tensor_parallel.rendezvous import rendezvous
 from tessera.switches import OFF, Switch, flag
 
@@ -115,7 +114,7 @@ def load_model_shard(
     split_lm_head: bool | None = None,
 ) -> ShardedModel:
     """Load rank ``rank``'s shard of a GGUF model; the graph is built by :func:`attach`."""
-    from tessera.files.load import _tokenizer
+    from tessera.text.tokenizer import Tokenizer
 
     path = Path(path)
     gguf = read_model_file(path)
@@ -149,7 +148,7 @@ def load_model_shard(
         backend=backend,
         weights=weights,
         graph=None,
-        tokenizer=_tokenizer(path, gguf.metadata) if has_vocab else None,
+        tokenizer=Tokenizer.from_gguf_metadata(gguf.metadata, runtime) if has_vocab else None,
         metadata=gguf.metadata,
         identity=model_identity(gguf.metadata, raw),
     )

@@ -3,13 +3,9 @@
 import numpy as np
 import pytest
 
-from tessera.contract.comm import (
-    CommunicatorError,
-    CommunicatorInfo,
-    CommunicatorProbe,
-    choose_communicator,
-    parse_master,
-)
+from tessera.contract.comm import CommunicatorError, CommunicatorInfo, CommunicatorProbe
+from tessera.plugins.tensor_parallel.choice import choose_communicator
+from tessera.plugins.tensor_parallel.ports import parse_master
 
 INFOS = {
     "torch-distributed": CommunicatorInfo("torch-distributed", None, None, collective=True),
