@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -77,6 +77,20 @@ class Draft:
         return len(self.tokens)
 
 
+class DraftGovernor(Protocol):
+    """Whether the next step may carry a draft, judged by what the past steps cost."""
+
+    def begin(self) -> None:
+        """A new generation starts (what was measured before is kept)."""
+
+    def allow(self) -> bool:
+        """Whether the next step may draft."""
+        ...
+
+    def record(self, drafted: bool, seconds: float, n_emitted: int) -> None:
+        """A step (with a draft or without) took ``seconds`` and emitted ``n_emitted``."""
+
+
 class SpecDecoder(ABC):
     """A drafter bound to one target context (base class of spec-decoder plugins)."""
 
@@ -86,9 +100,11 @@ class SpecDecoder(ABC):
     #: True when drafting costs next to nothing (a lookup): the loop then always asks for
     #: ``--draft-max`` tokens, since only the adaptive length's savings are in drafting.
     cheap_drafts: bool = False
-    #: The generation loop's :class:`tessera.engine.drafting.SpecGovernor` for this drafter,
-    #: kept across generations so that what it measured (does drafting pay?) carries over.
-    governor: Any = None
+    #: A :class:`DraftGovernor` the single-sequence loop asks whether a step may draft, kept
+    #: across generations so that what it measured (does drafting pay?) carries over; the
+    #: spec plugin's decoders carry a ``tessera.plugins.spec.governor.SpecGovernor``. None:
+    #: draft at every step the draft length allows.
+    governor: DraftGovernor | None = None
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:  # noqa: B027
         """A new generation starts: ``prompt`` is in the target's cache for ``seq_id``."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecDecoderInfo, SpecParams
 from tessera.hookspecs import hookimpl
+from tessera.plugins.spec.governor import governed
 
 TESSERA_PLUGIN_API = 2
 
@@ -156,6 +157,6 @@ def create(ctx: Any, params: SpecParams, runtime: Any) -> DraftModelDecoder:
 def tessera_register_spec_decoders(register):
     register(
         SpecDecoderInfo(
-            "draft", create, "a small draft model with the target's vocabulary (-md FILE)"
+            "draft", governed(create), "a small draft model with the target's vocabulary (-md FILE)"
         )
     )

@@ -30,6 +30,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecDecoderInfo, SpecParams
 from tessera.hookspecs import hookimpl
+from tessera.plugins.spec.governor import governed
 
 TESSERA_PLUGIN_API = 2
 
@@ -183,7 +184,7 @@ def tessera_register_spec_decoders(register):
     register(
         SpecDecoderInfo(
             "mtp",
-            create,
+            governed(create),
             "the target's own MTP/nextn layer ({arch}.nextn_predict_layers in the GGUF)",
         )
     )

@@ -15,6 +15,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecDecoderInfo, SpecParams
 from tessera.hookspecs import hookimpl
+from tessera.plugins.spec.governor import governed
 
 TESSERA_PLUGIN_API = 2
 
@@ -65,7 +66,7 @@ def tessera_register_spec_decoders(register):
     register(
         SpecDecoderInfo(
             "ngram",
-            create,
+            governed(create),
             f"history lookup: continue the latest {NGRAM_MIN}..{NGRAM_MAX}-gram match; no model",
         )
     )

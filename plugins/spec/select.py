@@ -26,6 +26,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft, SpecDecoder, SpecDecoderInfo, SpecParams
 from tessera.hookspecs import hookimpl
+from tessera.plugins.spec.governor import governed
 
 TESSERA_PLUGIN_API = 2
 
@@ -145,7 +146,7 @@ def tessera_register_spec_decoders(register):
     register(
         SpecDecoderInfo(
             "select",
-            create,
+            governed(create),
             "LiliCorr-style: n-gram, draft top-k and MTP candidates scored by the draft model "
             "(-md FILE)",
         )
