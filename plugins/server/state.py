@@ -54,7 +54,6 @@ class ServerSettings:
     spm_infill: bool = False
     #: The access log's format: one line per request on stderr, "text", "json" or "off".
     log_format: str = "text"
-
     #: Sampling settings of a request that sets none (--temp, --top-k ... as llama-server);
     #: a request's own field overrides its setting here.
     sampler: SamplerParams = attrs.field(factory=SamplerParams)
