@@ -3,10 +3,9 @@
 One object loads the model (the bundled one when none is named), keeps one context and
 generates through a :class:`~tessera.engine.cached_sequence.CachedSequence`, so a prompt
 that starts like the previous one (the next turn of a chat) evaluates only what is new.
-``complete`` and ``chat`` return OpenAI-shaped dicts (:mod:`tessera.llm_responses`), or
-iterators of chunks with ``stream=True`` (or from ``stream``); sampling keywords are OpenAI's. See
-docs/python-api.md. An LLM runs one generation at a time: starting one closes a stream
-still open on the same object.
+``complete`` and ``chat`` (also under llama-cpp-python's names) return OpenAI-shaped dicts
+(:mod:`tessera.llm_responses`), or chunks with ``stream=True`` or from ``stream``. See
+docs/python-api.md. One generation runs at a time: a new one closes a stream still open.
 """
 
 from __future__ import annotations
@@ -199,6 +198,8 @@ class LLM:
         """The chunks of :meth:`chat` for a list of messages, else of :meth:`complete`."""
         is_chat = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], dict)
         return (self.chat if is_chat else self.complete)(prompt, stream=True, **sampling)
+
+    create_completion, create_chat_completion = complete, chat  # llama-cpp-python's names
 
     def chat_prompt(self, messages: list[dict]) -> str:
         """The prompt text :meth:`chat` evaluates for ``messages``."""

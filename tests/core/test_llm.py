@@ -159,6 +159,16 @@ def test_stream_gives_chat_chunks_for_messages_and_completion_chunks_for_a_promp
         assert "".join(c["choices"][0]["text"] for c in chunks) == text
 
 
+def test_llama_cpp_pythons_method_names_answer_the_same(llm):
+    # code written for llama-cpp-python's Llama calls these, with messages= as a keyword
+    got = llm.create_chat_completion(messages=MESSAGES, max_tokens=8, temperature=0)
+    ChatCompletion.model_validate(got)
+    want = _oracle(llm, _chat_tokens(llm, MESSAGES), 8, GREEDY)[0]
+    assert got["choices"][0]["message"]["content"] == want
+    text = llm.create_completion(PROMPT, max_tokens=8, temperature=0)["choices"][0]["text"]
+    assert text == _oracle(llm, llm.tokenize(PROMPT), 8, GREEDY)[0]
+
+
 def test_a_stop_string_cuts_the_text_before_it(llm):
     full = llm.complete(PROMPT, max_tokens=16, temperature=0)["choices"][0]["text"]
     stop = full[5:8]
