@@ -23,6 +23,7 @@ from tessera.plugins.server.state import ServerState
 from .anthropic_stream import events
 from .api_fields import ANTHROPIC_MESSAGES, ANTHROPIC_PROMPT, CHAT
 from .chat_completions import chat_session, prompt_tokens
+from .content_parts import no_encoder
 from .fields import Fields, read_json
 from .generation import ChoiceRun, run_all, start_runs
 from .openai_common import SSE_HEADERS, generation_requests, new_id, sampler_params
@@ -95,6 +96,8 @@ def _turn(message: Any) -> list[dict[str, Any]]:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "image":
+            raise no_encoder("vision")
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
             continue  # earlier reasoning is not shown to the model again, as templates drop it
         elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):

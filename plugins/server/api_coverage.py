@@ -110,6 +110,7 @@ UNDECLARED: dict[str, dict[str, str]] = {
         "num_thread": "ignored: the server's -t is used",
     },
     "POST /v1/messages": {
+        "messages[].content image blocks": "refused (400): this model has no vision encoder",
         "metadata": "ignored: nothing is stored",
         "thinking": "ignored: reasoning follows the chat template",
         "service_tier": "ignored: one tier",

@@ -207,3 +207,26 @@ def test_a_prompt_over_the_context_carries_both_counts(client, server):
     assert body["type"] == "exceed_context_size_error"
     assert body["n_prompt_tokens"] == n and body["n_ctx"] == 256
     assert body["code"] == "context_length_exceeded"
+
+
+def test_an_anthropic_image_block_is_refused(server):
+    import anthropic
+
+    ac = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "AAAA"}}  # fmt: skip
+    content = [{"type": "text", "text": "What is this?"}, image]
+    with pytest.raises(anthropic.BadRequestError, match="no vision encoder"):
+        ac.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": content}])
+
+
+def test_ollama_images_are_refused(server):
+    import ollama
+
+    oc = ollama.Client(host=server.url)
+    with pytest.raises(ollama.ResponseError, match="no vision encoder") as err:
+        oc.generate(model="m", prompt="What is this?", images=["AAAA"])
+    assert err.value.status_code == 400
+    message = {"role": "user", "content": "What is this?", "images": ["AAAA"]}
+    with pytest.raises(ollama.ResponseError, match="no vision encoder"):
+        oc.chat(model="m", messages=[message])
