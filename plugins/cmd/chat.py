@@ -65,10 +65,10 @@ def _line_reader(interactive: bool) -> Any:
 
 def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) -> int:
     """Load the model and run the chat loop; ``system`` (else ``-sys``) is the system message."""
-    from tessera.cli.model_summary import model_summary
     from tessera.engine.sampling import Sampler
     from tessera.plugins.cmd.chat_conversation import Conversation
     from tessera.plugins.cmd.chat_repl import ChatRepl
+    from tessera.plugins.cmd.model_summary import model_summary
 
     sampler = Sampler(sampler_params_from_args(args))
     conversation = Conversation.load(args.load) if getattr(args, "load", None) else Conversation()

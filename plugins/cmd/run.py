@@ -158,9 +158,9 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
 
 
 def _run(args: argparse.Namespace, runtime: Any, session: Any) -> int:
-    from tessera.cli.model_summary import model_summary
     from tessera.engine.generate import GenerationStats, generate
     from tessera.engine.sampling import Sampler
+    from tessera.plugins.cmd.model_summary import model_summary
     from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
     from tessera.text.stream import StreamDecoder
 

@@ -43,7 +43,7 @@ def _file_facts(path: str) -> tuple[int, str]:
 
 def details(served: ServedModel) -> dict[str, Any]:
     """Ollama's ``details``: format, family, parameter size, the most common tensor type."""
-    from tessera.cli.model_summary import parameter_count
+    from tessera.plugins.cmd.model_summary import parameter_count
 
     model = served.model
     family = model.arch.names[0] if model.arch.names else ""

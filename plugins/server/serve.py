@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from tessera.cli.args import context_from_args, load_model_from_args
-from tessera.cli.model_summary import model_summary
 from tessera.engine.slots import SlotEngine, SlotSpec
 from tessera.errors import TesseraError
+from tessera.plugins.cmd.model_summary import model_summary
 from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
 
 from .serve_flags import add_arguments, server_settings

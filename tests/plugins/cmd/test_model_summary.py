@@ -9,11 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from tessera.cli.model_summary import model_summary
 from tessera.engine.context import Context, ContextParams
 from tessera.files.gguf import read_gguf
 from tessera.files.load import default_model_path, load_model
 from tessera.plugin_manager import Runtime
+from tessera.plugins.cmd.model_summary import model_summary
 
 RUNTIME = Runtime()
 
