@@ -12,6 +12,7 @@ float rounding; the conformance kit checks each against numpy.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -42,15 +43,16 @@ class RecurrentLayerOps:
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
+        g: np.ndarray,
+        beta: np.ndarray,
         state: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._chunked_delta is None:
             self._chunked_delta = self.record_path("gated delta rule", choose_chunked(self))
         dtype, group = v.dtype, v.shape[1] // q.shape[1]
         q, k = (t.float().repeat_interleave(group, dim=1) for t in (q, k))
-        args = (q, k, v.float(), g.float(), beta.float(), state.float())
+        g, beta = (torch.from_numpy(x).to(v.device, torch.float32) for x in (g, beta))
+        args = (q, k, v.float(), g, beta, state.float())
         chunked = self._chunked_delta.path == "chunked" and v.shape[0] > 1
         out, s = chunked_delta_rule(*args) if chunked else recurrent_delta_rule(*args)
         return out.to(dtype), s.to(state.dtype)

@@ -45,9 +45,11 @@ class RecurrentOps:
 
         ``q``, ``k`` ``(T, Hk, Dk)`` (normalized and scaled by the caller), ``v`` ``(T, H,
         Dv)`` with ``H`` a multiple of ``Hk`` (value head ``h`` reads key head ``h // (H /
-        Hk)``), ``g`` ``(T, H)`` the log decay (<= 0), ``beta`` ``(T, H)`` the write
-        strength, ``state`` ``(H, Dk, Dv)``. Per token: ``S = exp(g) S``; ``S += k (beta
-        (v - k^T S))^T``; ``o = q^T S``. Returns ``(o (T, H, Dv), S)``."""
+        Hk)``), ``g`` ``(T, H)`` the log decay (<= 0) and ``beta`` ``(T, H)`` the write
+        strength as float32 numpy arrays (gates made on the host, kept in float32 whatever
+        the compute dtype, as transformers keeps them), ``state`` ``(H, Dk, Dv)``. Per
+        token: ``S = exp(g) S``; ``S += k (beta (v - k^T S))^T``; ``o = q^T S``. Returns
+        ``(o (T, H, Dv), S)``."""
         # An optional op: the default probe declines it (see sigmoid).
         raise NotImplementedError(f"backend {self.name} does not implement gated_delta_net")
 

@@ -22,7 +22,8 @@ import attrs
 import numpy as np
 
 from tessera.contract.arch import RecurrentLayerLayout
-from tessera.engine.kv_cache import KVCache
+from tessera.contract.ops import Op
+from tessera.engine.kv_cache import KVCache, _cache
 from tessera.errors import TesseraError
 
 
@@ -35,12 +36,16 @@ class RecurrentState:
     ) -> None:
         self.backend = backend
         self.layout = list(layout)
-        self.conv = [
-            None if L is None else backend.zeros((n_seq_max, *L.conv_shape)) for L in layout
-        ]
-        self.ssm = [
-            None if L is None else backend.zeros((n_seq_max, *L.state_shape)) for L in layout
-        ]
+        # float32 whatever the compute dtype, as llama.cpp keeps them: a memory carried
+        # over a whole sequence should not be rounded to bf16 at every token
+        f32 = backend.dtype == "f32" or backend.supports(Op("kv_cache", {"type": "f32"}))
+        store = "f32" if f32 else ""
+
+        def tensors(shape: tuple[int, ...]) -> Any:
+            return _cache(backend, (n_seq_max, *shape), store)
+
+        self.conv = [None if L is None else tensors(L.conv_shape) for L in layout]
+        self.ssm = [None if L is None else tensors(L.state_shape) for L in layout]
         self.pos = np.full(n_seq_max, -1, dtype=np.int64)
 
     def tensors(self) -> list[Any]:
@@ -52,7 +57,7 @@ class RecurrentState:
 
     def zero(self, seqs: np.ndarray) -> None:
         for t in self.tensors():
-            self.backend.set_rows(t, seqs, self.backend.zeros((len(seqs), *t.shape[1:])))
+            t[seqs] = 0  # numpy and torch alike
         self.pos[seqs] = -1
 
     def copy(self, src: int, dst: int) -> None:

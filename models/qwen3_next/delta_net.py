@@ -108,7 +108,5 @@ class GatedDeltaNet:
         # L2 norm as an RMS norm: x / sqrt(sum x^2 + eps) = rms_norm(x, eps / D) / sqrt(D)
         q = b.scale(b.rms_norm(q, None, L2_EPS / dk), 1.0 / dk)  # and Q's 1 / sqrt(Dk)
         k = b.scale(b.rms_norm(k, None, L2_EPS / dk), 1.0 / math.sqrt(dk))
-        o, ssm = b.gated_delta_net(
-            q, k, v, b.from_numpy(g), b.from_numpy(beta), states.ssm(il, seq)
-        )
+        o, ssm = b.gated_delta_net(q, k, v, g, beta, states.ssm(il, seq))
         return o, conv, ssm

@@ -22,8 +22,11 @@ def _delta_inputs(rng: np.random.Generator, n: int, hk: int, h: int, dk: int, dv
         "q": _unit(rng, n, hk, dk),
         "k": _unit(rng, n, hk, dk),
         "v": normal(rng, n, h, dv),
-        "g": -np.abs(normal(rng, n, h, scale=0.5)),  # log decays, <= 0
-        "beta": rng.uniform(0.0, 1.0, (n, h)).astype(np.float32),
+        # the gates are host arrays (a list keeps them numpy): log decays <= 0, strengths
+        "gates": [
+            -np.abs(normal(rng, n, h, scale=0.5)),
+            rng.uniform(0.0, 1.0, (n, h)).astype(np.float32),
+        ],
         "s": normal(rng, h, dk, dv, scale=0.3),
     }
 
@@ -64,7 +67,7 @@ def recurrent_cases() -> list[Case]:
                 {"n_k_heads": hk, "n_v_heads": h},
                 lambda rng, n=n: _delta_inputs(rng, n, hk, h, dk, dv),
                 lambda b, a: flat(
-                    b, list(b.gated_delta_net(a["q"], a["k"], a["v"], a["g"], a["beta"], a["s"]))
+                    b, list(b.gated_delta_net(a["q"], a["k"], a["v"], *a["gates"], a["s"]))
                 ),
                 (n * h * dv + h * dk * dv,),
             )

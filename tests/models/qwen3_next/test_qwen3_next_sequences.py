@@ -19,6 +19,7 @@ from qwen3_next_oracle import (
     BACKENDS,
     LLAMA_CPP_F32,
     N_PREDICT,
+    RUNTIME,
     TOL,
     context,
     greedy,
@@ -29,10 +30,12 @@ from qwen3_next_oracle import (
 
 from tessera.contract.spec import SpecParams
 from tessera.engine.batch import Batch
+from tessera.engine.context import Context, ContextParams
 from tessera.engine.drafting import create_decoder
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.errors import TesseraError
+from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
 
 
@@ -150,3 +153,20 @@ def test_speculative_decoding_is_declined_with_the_reason():
     with pytest.raises(TesseraError, match="recurrent state.*without --spec-type"):
         list(generate(ctx, prompt().tolist(), 4, sampler, decoder=decoder))
     decoder.close()
+
+
+def test_states_stay_float32_on_a_bf16_backend_and_restore_identically(tmp_path):
+    """llama.cpp keeps recurrent states in float32; so does tessera whatever the compute
+    dtype, and a bf16 context's saved state continues exactly as the uninterrupted run."""
+    if "torch" not in BACKENDS:
+        pytest.skip("torch is not installed")
+    model = load_model(LLAMA_CPP_F32, RUNTIME, RUNTIME.create_backend("torch", dtype="bf16"))
+    a = prompt().tolist()
+    ctx = Context(model, ContextParams(n_ctx=64))
+    assert {t.dtype for t in ctx.recurrent.tensors()} == {torch.float32}
+    ctx.decode(Batch.for_sequence(a[:-1], logits="none"))
+    ctx.save_state(tmp_path / "s.bin", 0, a[:-1])
+    want = greedy(ctx, a, n_past=len(a) - 1)
+    other = Context(model, ContextParams(n_ctx=64))
+    other.load_state(tmp_path / "s.bin", 0)
+    assert greedy(other, a, n_past=len(a) - 1) == want
