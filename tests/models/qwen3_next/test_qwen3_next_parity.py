@@ -114,3 +114,23 @@ def test_a_prompt_longer_than_a_chunk_matches_transformers_on_both_delta_rule_pa
     assert np.abs(logits - transformers_answers(11, 150)[0]).max() < TOL
     path = model.backend.paths["gated delta rule"].path
     assert path == ("chunked" if chunked == "1" else "token by token")
+
+
+def test_tessera_convert_writes_llama_cpps_file_and_it_runs_alike(tmp_path):
+    from tessera.plugins.cmd.convert import convert_hf_to_gguf
+
+    ours = read_gguf(convert_hf_to_gguf(HF_DIR, tmp_path / "t.gguf", RUNTIME, "f32"))
+    theirs = read_gguf(LLAMA_CPP_F32)
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name, tensor in theirs.tensors.items():
+        got, want = (np.frombuffer(t.data, "<f4") for t in (ours.tensors[name], tensor))
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=name)  # ssm_a: exp's last bit
+    # llama.cpp also writes its default full_attention_interval (4), which the layer list
+    # it writes beside it overrides; tessera writes the list alone
+    keys = {k: v for k, v in theirs.metadata.items() if k.startswith("qwen3next.")}
+    del keys["qwen3next.full_attention_interval"]
+    eps = "qwen3next.attention.layer_norm_rms_epsilon"  # f32 in both, maybe not the same f32
+    assert ours.metadata[eps] == pytest.approx(keys.pop(eps))
+    assert {k: ours.metadata.get(k) for k in keys} == keys
+    logits = tessera_logits(tmp_path / "t.gguf", "numpy")
+    assert np.abs(logits - transformers_answers()[0]).max() < TOL
