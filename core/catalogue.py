@@ -123,6 +123,10 @@ KINDS: dict[str, CatalogueKind] = {
         "Pick one with --spec-type or install its plugin",
         none="none (no spec-decoder plugin is loaded)",
     ),
+    "constraint": CatalogueKind(
+        "tessera_register_constraints", lambda k: [k.name], UnknownNameError,
+        "unknown constraint kind '{name}'; the installed kinds are: {known}",
+    ),  # fmt: skip
     "tokenizer_kind": CatalogueKind(
         "tessera_register_tokenizer_kinds",
         lambda k: k.models,
@@ -245,6 +249,10 @@ class Catalogues:
         """Speculative decoders (:class:`tessera.contract.spec.SpecDecoderInfo`) by name."""
         return self.catalogue("spec_decoder")
 
+    def constraint_kinds(self) -> dict[str, Any]:
+        """Constraint kinds (:class:`tessera.contract.constraints.ConstraintKind`) by name."""
+        return self.catalogue("constraint")
+
     def switches(self) -> dict[str, Any]:
         """Environment switches (:class:`tessera.switches.Switch`) by variable name: core's
         first, then each plugin's; :meth:`owners` says whose each one is."""
@@ -275,6 +283,9 @@ class Catalogues:
     def spec_decoder(self, name: str) -> Any:
         """The spec decoder registered as ``name`` (``--spec-type``), or a clear error."""
         return self.get("spec_decoder", name)
+
+    def constraint_kind(self, name: str) -> Any:
+        return self.get("constraint", name)
 
     def backend_preference(self) -> list[str]:
         """Installed backend names, best first: by :attr:`BackendInfo.priority`, then name."""

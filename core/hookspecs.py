@@ -32,6 +32,8 @@ Every registered object is plain data or an instance of a documented base class:
   :class:`tessera.contract.comm.Communicator`
 - :class:`tessera.contract.spec.SpecDecoderInfo` creating a
   :class:`tessera.contract.spec.SpecDecoder`
+- :class:`tessera.contract.constraints.ConstraintKind` compiling specs into
+  :class:`tessera.contract.constraints.Constraint` objects
 - :class:`tessera.contract.tokenizer_kind.TokenizerKindInfo` building a
   :class:`tessera.contract.tokenizer_kind.VocabModel`
 - :class:`tessera.switches.Switch` (an environment switch)
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from tessera.contract.backend import BackendInfo
     from tessera.contract.comm import CommunicatorInfo
     from tessera.contract.commands import Command
+    from tessera.contract.constraints import ConstraintKind
     from tessera.contract.experts import ExpertCacheInfo
     from tessera.contract.fusion import BlockFusion
     from tessera.contract.quant import QuantType, WeightKernel
@@ -239,6 +242,25 @@ def tessera_register_spec_decoders(register: Callable[[SpecDecoderInfo], None]) 
     drafter with a cache of its own removes its rejected cells itself (``KVCache.seq_rm``).
     Whatever the drafter proposes, the output equals the target's alone (greedy) or is
     distributed like it (sampling); a drafter only changes the speed.
+    """
+
+
+@hookspec
+def tessera_register_constraints(register: Callable[[ConstraintKind], None]) -> None:
+    """Register output-constraint kinds: languages a generation can be kept inside.
+
+    Called once, when a request first asks for a constraint (the server's
+    ``response_format``, ``grammar``, ``json_schema``, ``guided_*``, Ollama's ``format``,
+    a forced tool call) or ``tessera plugins`` lists them. Call ``register(ConstraintKind(
+    name=..., compile=..., description=...))`` (:class:`tessera.contract.constraints.
+    ConstraintKind`); the server asks for ``json_object``, ``json_schema``, ``gbnf``,
+    ``regex``, ``choice`` and ``tool_call`` (spec ``{"tools": [...], "family": name}``).
+
+    ``compile(spec, tokenizer)`` gets the kind's spec and the model's tokenizer and
+    returns a factory of :class:`tessera.contract.constraints.Constraint` objects, one per
+    generation; a refused spec raises ``ConstraintSpecError`` (the server's 400). The
+    engine calls ``sample(sampler, logits, history)`` on the constrained slot's row only,
+    then ``accept(token)``, and stops once ``complete``; no speculation for such requests.
     """
 
 

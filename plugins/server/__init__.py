@@ -16,7 +16,6 @@ import attrs
 from tessera.contract.commands import Command
 from tessera.contract.routes import ServerRoute, lazy_routes
 from tessera.hookspecs import hookimpl
-from tessera.switches import Switch
 
 TESSERA_PLUGIN_API = 2
 
@@ -100,11 +99,3 @@ def tessera_register_commands(register: Callable[[Command], None]) -> None:
         )
     )
 
-
-@hookimpl
-def tessera_register_switches(register: Callable[[Switch], None]) -> None:
-    # The JSON constraint's switches: the server is the plugin that uses it.
-    from tessera.plugins.json_constraint import SWITCHES
-
-    for switch in SWITCHES:
-        register(switch)

@@ -122,6 +122,19 @@ CHAIN = _group(
 
 MODEL = Field("model", "string", "the model to use (a name from /v1/models); default: the first")
 
+# Output constraints besides response_format (llama-server's and vLLM's names); each is
+# compiled by a constraint plugin, and a spec it refuses is a 400 before any work
+CONSTRAINTS = _group(
+    Field("json_schema", "object", "the output is JSON valid against this schema (llama.cpp)"),
+    Field("grammar", "string", "the output matches this GBNF grammar (llama.cpp)"),
+    Field("guided_json", "any", "the output is JSON valid against this schema (vLLM)",
+          schema={"anyOf": [{"type": "object"}, {"type": "string"}]}),
+    Field("guided_regex", "string", "the output matches this regular expression (vLLM)"),
+    Field("guided_choice", "any", "the output is exactly one of these strings (vLLM)",
+          schema={"type": "array", "items": {"type": "string"}, "minItems": 1}),
+    Field("guided_grammar", "string", "the output matches this GBNF grammar (vLLM)"),
+)  # fmt: skip
+
 SAMPLING = _group(
     MODEL,
     Field("temperature", "number", "sampling temperature; 0 = greedy", _SAMPLER.temperature, 0, 2),
@@ -151,12 +164,17 @@ SAMPLING = _group(
     Field(
         "response_format",
         "object",
-        "{type: text | json_object}: constrain the output",
+        "{type: text | json_object | json_schema, json_schema: {name, schema, strict}}",
         schema={
             "type": "object",
-            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+            "properties": {
+                "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+                "json_schema": {"type": "object"},
+                "schema": {"type": "object"},
+            },
         },
     ),
+    *CONSTRAINTS.values(),
 )
 
 COMPLETIONS = SAMPLING | CHAIN | _group(
@@ -268,9 +286,8 @@ NATIVE_SAMPLING = {
               schema=_STRING_LIST),
         Field("logit_bias", "any", "[[token id or text, bias or false], ...] or {id: bias}",
               schema={"anyOf": [{"type": "array", "items": _BIAS_PAIR}, {"type": "object"}]}),
-        Field("json_schema", "object", "refused: a JSON schema is not enforced by this server"),
-        Field("grammar", "string", "refused: grammars are not implemented"),
     ),
+    **CONSTRAINTS,
 }  # fmt: skip
 
 NATIVE_COMPLETION = NATIVE_SAMPLING | _group(
@@ -320,8 +337,9 @@ OLLAMA_OPTIONS = _group(
 _OLLAMA_COMMON = _group(
     Field("model", "string", "the model to use (a name from /api/tags)", required=True),
     Field("stream", "boolean", "NDJSON lines as tokens come; false = one object", True),
-    Field("format", "any", "\"json\": the answer is one JSON object",
-          schema={"type": "string", "enum": ["json", ""]}),
+    Field("format", "any", "\"json\": the answer is one JSON object; a JSON schema: JSON "
+          "valid against it", schema={"anyOf": [{"type": "string", "enum": ["json", ""]},
+                                                {"type": "object"}]}),
     Field("options", "object", "sampling options by Ollama's names (temperature, num_predict "
           "...)", schema={"type": "object", "properties": {
               f.name: f.json_schema() for f in OLLAMA_OPTIONS.values()}}),

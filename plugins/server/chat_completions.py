@@ -18,6 +18,7 @@ from tessera.plugins.chat import ChatSession, chat_template
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import CHAT
+from .constraint_request import forced_tool_call
 from .content_parts import plain_messages
 from .fields import Fields, read_json
 from .generation import (
@@ -96,7 +97,11 @@ async def chat_completions(request: Request) -> Any:
     served = await state.model_for(request, f["model"])
     sessions = [chat_session(served, f) for _ in range(n)]
     prompt = prompt_tokens(served, sessions[0].prompt())
-    requests = await generation_requests(f, served, prompt, samplers, n_predict, n_top)
+    syntax = sessions[0].format.tool_syntax
+    tool_call = forced_tool_call(f["tools"], f["tool_choice"], syntax.name if syntax else None)
+    requests = await generation_requests(
+        f, served, prompt, samplers, n_predict, n_top, tool_call=tool_call
+    )
     runs = start_runs(served, requests, f["stop"])
     head = response_head(served, "chat.completion", "chatcmpl")
     if f["stream"]:

@@ -21,6 +21,7 @@ from tessera.engine.slot_types import GenerationRequest
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import NATIVE_COMPLETION
+from .constraint_request import constraint_factory
 from .dry_breakers import with_dry_breakers
 from .fields import Fields, read_json
 from .generation import ChoiceRun, Piece, run_all, start_runs
@@ -67,22 +68,11 @@ def _response_fields(f: Fields) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _refuse_grammars(f: Fields) -> None:
-    for name in ("json_schema", "grammar"):
-        if f[name]:
-            raise ApiError(
-                400,
-                f"'{name}' is not enforced by this server, so it is refused rather than "
-                "ignored; leave it out",
-                name,
-            )
-
-
 async def run_native(
     request: Request, f: Fields, served: ServedModel, prompts: Sequence[Sequence[int]]
 ) -> Any:
     """Run ``prompts`` (``n_cmpl`` times each) and answer as llama-server does."""
-    _refuse_grammars(f)
+    constraint = await constraint_factory(f, served)
     n_cmpl, n_probs, stream = f["n_cmpl"], f["n_probs"], f["stream"]
     n_predict = requested_n_predict(f, served.settings.default_n_predict(-1))
     samplers = await with_dry_breakers(sampler_params(f, n_cmpl, served.settings.sampler), served)
@@ -101,6 +91,7 @@ async def run_native(
             ignore_eos=f["ignore_eos"],
             logit_bias=bias,
             report_progress=stream and f["return_progress"],
+            constraint=constraint,
         )
         for prompt in prompts
         for sampler in samplers

@@ -2,10 +2,10 @@
 
 An Ollama request is turned into the chat completion body it means (``options`` by
 Ollama's names become the sampling fields of :data:`api_fields.CHAT`, ``format: "json"``
-becomes ``response_format: json_object``) and runs through the same machinery as
-``/v1/chat/completions``: the template, reasoning and tool calls of the chat plugin's
-ChatSession, the slot engine, stop strings. Answers are NDJSON lines by default (``stream:
-false``: one object), with Ollama's nanosecond durations and token counts.
+becomes ``response_format: json_object``, a schema ``json_schema``) and runs through the
+same machinery as ``/v1/chat/completions``: the template, reasoning and tool calls of the
+chat plugin's ChatSession, the slot engine, stop strings. Answers are NDJSON lines by
+default (``stream: false``: one object), with Ollama's nanosecond durations and token counts.
 """
 
 from __future__ import annotations
@@ -78,11 +78,10 @@ def chat_fields(f: Fields, messages: list[dict]) -> Fields:
     fmt = f["format"]
     if fmt == "json":
         body["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):  # a JSON schema (Ollama's structured outputs)
+        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": fmt}}
     elif fmt not in (None, ""):
-        raise ApiError(
-            400, "'format' must be \"json\"; a JSON schema is not enforced by this server, so "
-            "it is refused rather than ignored", "format",
-        )  # fmt: skip
+        raise ApiError(400, "'format' must be \"json\" or a JSON schema object", "format")
     if "tools" in f.declared:
         body["tools"] = f["tools"]
     chat = Fields(body, CHAT)

@@ -8,7 +8,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -18,6 +18,7 @@ from tessera.engine.sampling import SEED_LIMIT, SamplerParamError, SamplerParams
 from tessera.engine.slot_types import GenerationRequest, TokenEvent
 from tessera.plugins.server.state import ServedModel
 
+from .constraint_request import constraint_factory
 from .dry_breakers import with_dry_breakers
 from .fields import Fields
 from .generation import ChoiceRun, Piece, run_error
@@ -77,31 +78,6 @@ def capped(n_predict: int, served: ServedModel) -> int:
     return n_predict
 
 
-async def json_constraint(f: Fields, served: ServedModel) -> Callable[[], Any] | None:
-    """The constraint factory ``response_format`` asks for (None for plain text)."""
-    fmt = f["response_format"]
-    kind = (fmt or {}).get("type", "text")
-    if kind == "text":
-        return None
-    if kind != "json_object":
-        raise ApiError(
-            400,
-            f"response_format type {kind!r} is not supported; use text or json_object (a "
-            "JSON schema is not enforced by this server, so json_schema is refused rather "
-            "than ignored)",
-            param="response_format",
-        )
-    from tessera.plugins.json_constraint import JsonConstraintFactory
-
-    # the factory renders the whole vocabulary once (seconds for a large one: off the event
-    # loop); every later request of this model reuses it
-    factory = served.extras.get("json_constraint")
-    if factory is None:
-        factory = await asyncio.to_thread(JsonConstraintFactory, served.tokenizer)
-        factory = served.extras.setdefault("json_constraint", factory)
-    return factory.new
-
-
 def checked_id_slot(f: Fields, served: ServedModel) -> int:
     """The request's ``id_slot``; 400 for a slot this server does not have."""
     n_slots = len(served.engine.slots)
@@ -122,13 +98,16 @@ async def generation_requests(
     samplers: Sequence[SamplerParams],
     n_predict: int,
     logprobs: int,
+    tool_call: Mapping[str, Any] | None = None,
 ) -> list[GenerationRequest]:
-    """One request per choice (one sampler each), ``n_predict`` capped by the server."""
+    """One request per choice (one sampler each), ``n_predict`` capped by the server;
+    ``tool_call`` is the spec of a forced tool call (see
+    :func:`tessera.plugins.server.constraint_request.forced_tool_call`)."""
     id_slot = checked_id_slot(f, served)
     cache_prompt = f["cache_prompt"]
     ignore_eos = f["ignore_eos"]
     bias = logit_bias(f, served)
-    constraint = await json_constraint(f, served)
+    constraint = await constraint_factory(f, served, tool_call)
     samplers = await with_dry_breakers(samplers, served)
     return [
         GenerationRequest(

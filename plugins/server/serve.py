@@ -106,6 +106,7 @@ def load_served(
         engine=engine,
         chat_template=_chat_template(args.chat_template),
         settings=settings,
+        runtime=runtime,
     )
 
 

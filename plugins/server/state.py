@@ -87,6 +87,8 @@ class ServedModel:
     embedder: Any = None
     #: Per-model state of plugins (e.g. the JSON-constraint tables of its vocabulary).
     extras: dict[str, Any] = attrs.field(factory=dict)
+    #: The plugin manager the model was loaded with (its catalogues: constraint kinds).
+    runtime: Any = None
 
     def check_generates(self) -> None:
         """ApiError 400 for an encoder (BERT ...), which embeds but cannot generate."""

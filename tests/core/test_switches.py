@@ -143,8 +143,7 @@ def declared() -> dict[str, Switch]:
         ) for v in ("1", "0", None)),
         # paths on by default: "0" turns them off
         *((n, v, v != "0") for n in (
-            "TESSERA_SPEC_ADAPTIVE", "TESSERA_BERT_FUSED_QKV", "TESSERA_JSON_REJECTION",
-            "TESSERA_JSON_VECTOR",
+            "TESSERA_SPEC_ADAPTIVE", "TESSERA_BERT_FUSED_QKV", "TESSERA_GRAMMAR_REJECTION",
         ) for v in ("1", "0", None)),
         # plugin-loading flags took the env_flag words
         *((n, v, v in ("1", "yes", "true", "on")) for n in (

@@ -208,7 +208,7 @@ def test_switches_lists_every_declared_switch_with_its_owner_and_value(capsys, m
 
 
 def test_switches_in_the_json_report(capsys, monkeypatch):
-    monkeypatch.setenv("TESSERA_JSON_VECTOR", "0")
+    monkeypatch.setenv("TESSERA_GRAMMAR_REJECTION", "0")
     monkeypatch.setenv("TESSERA_SPEC_ADAPTIVE", "sometimes")
     monkeypatch.delenv("TESSERA_COMMUNICATOR", raising=False)
     entries = {
@@ -217,15 +217,15 @@ def test_switches_in_the_json_report(capsys, monkeypatch):
     rt = Runtime(disabled=["arch-bert"])
     assert list(entries) == list(rt.switches())
     assert "TESSERA_BERT_FUSED_QKV" not in entries  # its plugin is not loaded
-    assert entries["TESSERA_JSON_VECTOR"] == {
-        "name": "TESSERA_JSON_VECTOR",
-        "owner": "server",
+    assert entries["TESSERA_GRAMMAR_REJECTION"] == {
+        "name": "TESSERA_GRAMMAR_REJECTION",
+        "owner": "grammar",
         "kind": "on",
         "default": "1",
         "choices": [],
         "value": "0",
         "error": None,
-        "help": rt.switches()["TESSERA_JSON_VECTOR"].help,
+        "help": rt.switches()["TESSERA_GRAMMAR_REJECTION"].help,
     }
     assert entries["TESSERA_COMMUNICATOR"]["value"] is None
     bad = entries["TESSERA_SPEC_ADAPTIVE"]

@@ -145,8 +145,8 @@ def test_a_bad_option_is_a_400_naming_it_in_ollamas_shape(oc, server):
     error = json.loads(http.value.read())
     assert list(error) == ["error"] and "top_p" in error["error"]
     with pytest.raises(ollama.ResponseError) as info:
-        oc.chat(model="m", messages=MESSAGES, format={"type": "object"})
-    assert info.value.status_code == 400
+        oc.chat(model="m", messages=MESSAGES, format={"type": "objectx"})
+    assert info.value.status_code == 400 and "objectx" in info.value.error
 
 
 def test_list_show_and_ps_describe_the_served_model(oc, server):
