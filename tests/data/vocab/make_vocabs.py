@@ -18,6 +18,7 @@ from typing import Any
 
 from tessera.files.gguf import read_gguf
 from tessera.files.gguf_writer import TypedValue, write_gguf
+from tessera.plugin_manager import Runtime
 from tessera.text.bpe import BYTE_TO_CHAR
 from tessera.text.tokenizer import Tokenizer
 
@@ -127,7 +128,7 @@ def mini(models: Path, name: str, texts: Sequence[str]) -> Path:
         for prefix, merge in itertools.product((False, True), repeat=2):
             flags = {"add_space_prefix": prefix, "remove_extra_whitespaces": merge}
             tok = Tokenizer.from_gguf_metadata(
-                metadata | {f"tokenizer.ggml.{k}": v for k, v in flags.items()}
+                metadata | {f"tokenizer.ggml.{k}": v for k, v in flags.items()}, Runtime()
             )
             normalized += [tok._model.normalize(t) for t in texts]
         haystack = "\x00".join(normalized)
