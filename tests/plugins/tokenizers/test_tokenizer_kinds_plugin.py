@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tokenizer_vectors import metadata
+from tokenizer_vectors import VOCAB_DIR, metadata, tokenizer
 
 from tessera.plugin_manager import Runtime
 from tessera.testing.pytest_plugin import default_runtime
@@ -19,6 +19,7 @@ VOCABS = {
     "rwkv": "synthetic-rwkv.gguf",
     "plamo2": "synthetic-plamo2.gguf",
 }
+_CAPTURE = dict(capture_output=True, text=True, timeout=120)
 
 
 def test_each_kind_is_registered_by_the_plugin() -> None:
@@ -53,4 +54,20 @@ def test_tessera_plugins_lists_the_kinds() -> None:
         ("ugm", ["t5"]),
         ("rwkv", ["rwkv"]),
         ("plamo2", ["plamo2"]),
+    ]
+
+
+def test_tessera_tokenize_without_the_plugin_exits_with_one_line_naming_it() -> None:
+    path = str(VOCAB_DIR / VOCABS["rwkv"])
+    run = [sys.executable, "-m", "tessera"]
+    ok = subprocess.run([*run, "tokenize", "-m", path, "hello world", "--ids"], **_CAPTURE)
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout) == tokenizer(VOCABS["rwkv"]).encode("hello world")
+    cmd = [*run, "--disable-plugins", "tokenizers", "tokenize", "-m", path, "hello"]
+    refused = subprocess.run(cmd, **_CAPTURE)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.strip().splitlines() == [
+        "error: tokenizer model 'rwkv' is run by the plugin 'tokenizers', which is not loaded; "
+        "enable it (check --disable-plugins, TESSERA_DISABLE_PLUGINS and TESSERA_PLUGINS) or "
+        "reinstall tessera"
     ]
