@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 
+from tessera.contract.arch import metadata_key
 from tessera.contract.names import REQUIRED, ConfigField
 from tessera.contract.routing import ExpertRouting
 from tessera.errors import ModelFileError
@@ -111,7 +112,7 @@ def config_from_gguf(
     if recurrent is None:  # llama.cpp's fallback: every interval-th layer attends fully
         interval = int(metadata.get(f"{ARCH}.full_attention_interval", 4))
         recurrent = [(il + 1) % interval != 0 for il in range(fields["n_layer"])]
-    inner = int(metadata.get(f"{ARCH}.ssm.inner_size", 0))
+    inner = int(metadata_key(metadata, ARCH, "ssm.inner_size"))
     return Qwen3NextConfig(
         **fields | {"n_vocab": int(fields["n_vocab"] or shapes["token_embd.weight"][0])},
         rope_freq_base=float(metadata.get(f"{ARCH}.rope.freq_base", 10000.0)),

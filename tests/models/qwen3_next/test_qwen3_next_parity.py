@@ -134,3 +134,19 @@ def test_tessera_convert_writes_llama_cpps_file_and_it_runs_alike(tmp_path):
     assert {k: ours.metadata.get(k) for k in keys} == keys
     logits = tessera_logits(tmp_path / "t.gguf", "numpy")
     assert np.abs(logits - transformers_answers()[0]).max() < TOL
+
+
+def test_files_it_cannot_run_are_refused_with_the_way_out():
+    from tessera.errors import ModelFileError
+
+    arch = RUNTIME.architecture("qwen3next")
+    with pytest.raises(ModelFileError, match="dense FFN layers.*every layer"):
+        arch.config_from_hf(hf_config() | {"mlp_only_layers": [1]})
+    gguf = read_gguf(LLAMA_CPP_F32)
+    shapes = {n: t.shape for n, t in gguf.tensors.items()}
+    no_inner = {k: v for k, v in gguf.metadata.items() if k != "qwen3next.ssm.inner_size"}
+    with pytest.raises(ModelFileError, match="lacks 'qwen3next.ssm.inner_size'.*convert"):
+        arch.config_from_gguf(no_inner, shapes)
+    short = gguf.metadata | {"qwen3next.attention.recurrent_layers": [True, False]}
+    with pytest.raises(ModelFileError, match="2 layer kinds for 4 layers.*convert it again"):
+        arch.config_from_gguf(short, shapes)
