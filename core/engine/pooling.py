@@ -156,6 +156,11 @@ def hidden_states(
         groups = _encoder_ubatches(batch, inverse, ctx.n_ubatch)
     out: np.ndarray | None = None
     written: list[np.ndarray] = []
+    # recurrent states carry across the ubatches from zero and are put back afterwards
+    rec = ctx.recurrent if causal else None
+    saved = None if rec is None else rec.snapshot(np.unique(batch.seq_ids))
+    if rec is not None:
+        rec.zero(saved[0])
     try:
         for rows in groups:
             seq_ids, positions = batch.seq_ids[rows], batch.positions[rows]
@@ -173,6 +178,7 @@ def hidden_states(
                 embeddings=True,
                 seq_ids=seq_ids,
                 token_types=None if token_types is None else token_types[rows],
+                recurrent=None if rec is None else rec.view(seq_ids, positions),
             )
             with backend.forward_scope():
                 h = model.graph.forward(inp)
@@ -189,6 +195,8 @@ def hidden_states(
     finally:
         for cells in written:
             ctx.kv.release(cells)
+        if saved is not None:
+            rec.restore(saved)
     assert out is not None  # every pooling wants at least one row
     return out
 

@@ -170,3 +170,19 @@ def test_states_stay_float32_on_a_bf16_backend_and_restore_identically(tmp_path)
     other = Context(model, ContextParams(n_ctx=64))
     other.load_state(tmp_path / "s.bin", 0)
     assert greedy(other, a, n_past=len(a) - 1) == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embeddings_carry_the_states_across_ubatches_and_leave_them_as_they_were(backend):
+    a, b = prompt(7).tolist(), prompt(8, 11).tolist()
+    ctx = context(LLAMA_CPP_F32, backend, n_seq_max=3, n_ubatch=5)
+    ctx.decode(Batch.for_sequence(a[:4], 0, 2))  # a third sequence, which must not move
+    batch = Batch.concat([Batch.for_sequence(a, 0, 0, "all"), Batch.for_sequence(b, 0, 1, "all")])
+    pooled = ctx.encode(batch, pooling="mean")
+    with torch.no_grad():
+        for row, tokens in zip(pooled, (a, b), strict=True):
+            hidden = hf_model().model(torch.tensor(tokens)[None]).last_hidden_state[0]
+            assert np.abs(row - hidden.numpy().mean(0)).max() < TOL
+    assert list(ctx.recurrent.pos) == [-1, -1, 3]
+    out = ctx.decode(Batch.for_sequence([a[4]], 4, 2))
+    assert np.abs(out[0] - hf_logits(a[:5])[-1]).max() < TOL
