@@ -141,6 +141,18 @@ class RecurrentView:
     def ssm(self, il: int, seq: int) -> Any:
         return self.state.ssm[il][seq]
 
+    def stacked(self, il: int) -> tuple[Any, Any]:
+        """Layer ``il``'s conv and memory states of the ubatch's sequences, in group order,
+        stacked ``(S, ...)`` (copies)."""
+        seqs = np.array([seq for seq, _ in self.groups])
+        return self.state.conv[il][seqs], self.state.ssm[il][seqs]
+
+    def write_stacked(self, il: int, conv: Any, ssm: Any) -> None:
+        """Put back what :meth:`stacked` gave, updated."""
+        seqs = np.array([seq for seq, _ in self.groups])
+        self.state.backend.set_rows(self.state.conv[il], seqs, conv)
+        self.state.backend.set_rows(self.state.ssm[il], seqs, ssm)
+
     def write(self, il: int, seq: int, conv: Any, ssm: Any) -> None:
         b, row = self.state.backend, np.array([seq])
         b.set_rows(self.state.conv[il], row, conv.reshape(1, *conv.shape))

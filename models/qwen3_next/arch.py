@@ -25,6 +25,7 @@ from tessera.contract.names import fields_from_gguf, fields_from_hf, fields_to_g
 from tessera.hookspecs import hookimpl
 from tessera.models.qwen3_next import config as cfg
 from tessera.models.qwen3_next.config import ARCH, CONFIG_FIELDS, Qwen3NextConfig
+from tessera.models.qwen3_next.delta_net import STACKED_DECODE
 from tessera.models.qwen3_next.graph import Qwen3NextGraph
 from tessera.models.qwen3_next.hf import qwen3_next_tensors
 from tessera.models.qwen3_next.shapes import tensor_shapes
@@ -142,3 +143,8 @@ class Qwen3NextArchitecture(Architecture):
 @hookimpl
 def tessera_register_architectures(register):
     register(Qwen3NextArchitecture())
+
+
+@hookimpl
+def tessera_register_switches(register):
+    register(STACKED_DECODE)

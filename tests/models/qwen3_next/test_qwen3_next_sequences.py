@@ -44,10 +44,16 @@ def hf_logits(tokens: list[int]) -> np.ndarray:
         return hf_model()(torch.tensor(tokens)[None]).logits[0].numpy()
 
 
+@pytest.mark.parametrize("stacked", ["1", "0"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_sequences_in_one_batch_give_what_each_gives_alone(backend):
+def test_two_sequences_in_one_batch_give_what_each_gives_alone(backend, stacked, monkeypatch):
+    """Prefill rows of both sequences in each ubatch, then decode steps of both at once:
+    side by side in one call per op (TESSERA_QWEN3NEXT_STACKED_DECODE) or one by one."""
+    monkeypatch.setenv("TESSERA_QWEN3NEXT_STACKED_DECODE", stacked)
     a, b = prompt(7).tolist(), prompt(8, 11).tolist()
-    ctx = context(LLAMA_CPP_F32, backend, n_seq_max=2, n_ubatch=7)
+    model = load_model(LLAMA_CPP_F32, RUNTIME, RUNTIME.create_backend(backend, dtype="f32"))
+    ctx = Context(model, ContextParams(n_ctx=64, n_seq_max=2, n_ubatch=7))
+    assert model.graph.delta_net.stacked_decode is (stacked == "1")
     # interleaved rows: each ubatch holds rows of both sequences
     rows = sorted(
         [(i, 0, t) for i, t in enumerate(a)] + [(i, 1, t) for i, t in enumerate(b)],
@@ -59,11 +65,12 @@ def test_two_sequences_in_one_batch_give_what_each_gives_alone(backend):
     seqs = np.array([s for _, s, _ in rows])
     assert np.abs(logits[seqs == 0] - hf_logits(a)).max() < TOL
     assert np.abs(logits[seqs == 1] - hf_logits(b)).max() < TOL
-    # one decode step of both sequences at once
-    step = Batch([5, 9], [len(a), len(b)], [0, 1], [True, True])
-    both = ctx.decode(step)
-    assert np.abs(both[0] - hf_logits([*a, 5])[-1]).max() < TOL
-    assert np.abs(both[1] - hf_logits([*b, 9])[-1]).max() < TOL
+    # two decode steps of both sequences at once (the conv state shifts through both)
+    for step, (ta, tb) in enumerate([(5, 9), (6, 2)]):
+        both = ctx.decode(Batch([ta, tb], [len(a), len(b)], [0, 1], [True, True]))
+        a, b = [*a, ta], [*b, tb]
+        assert np.abs(both[0] - hf_logits(a)[-1]).max() < TOL, step
+        assert np.abs(both[1] - hf_logits(b)[-1]).max() < TOL, step
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
