@@ -24,7 +24,8 @@ from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
 
 RUNTIME = Runtime()
-BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
+# torch is installed with the project: a missing torch backend is a failure, not a skip
+BACKENDS = ["numpy", "torch"]
 DATA = Path(__file__).resolve().parents[2] / "data" / "arch" / "qwen3_next"
 HF_DIR, LLAMA_CPP_F32 = DATA / "hf", DATA / "qwen3next-f32.gguf"
 SOURCES = {"hf": HF_DIR, "llama.cpp-gguf": LLAMA_CPP_F32}

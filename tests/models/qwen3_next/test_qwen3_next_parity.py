@@ -105,8 +105,6 @@ def test_a_prompt_longer_than_a_chunk_matches_transformers_on_both_delta_rule_pa
 ):
     """torch runs the delta rule over a prompt in chunks of 64 (TESSERA_TORCH_CHUNKED_DELTA)
     or token by token; a 150-token prompt crosses two chunk boundaries."""
-    if "torch" not in BACKENDS:
-        pytest.skip("torch is not installed")
     monkeypatch.setenv("TESSERA_TORCH_CHUNKED_DELTA", chunked)
     model = load_model(LLAMA_CPP_F32, RUNTIME, RUNTIME.create_backend("torch", dtype="f32"))
     ids = prompt(11, 150)

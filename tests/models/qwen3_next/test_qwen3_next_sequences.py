@@ -165,8 +165,6 @@ def test_speculative_decoding_is_declined_with_the_reason():
 def test_states_stay_float32_on_a_bf16_backend_and_restore_identically(tmp_path):
     """llama.cpp keeps recurrent states in float32; so does tessera whatever the compute
     dtype, and a bf16 context's saved state continues exactly as the uninterrupted run."""
-    if "torch" not in BACKENDS:
-        pytest.skip("torch is not installed")
     model = load_model(LLAMA_CPP_F32, RUNTIME, RUNTIME.create_backend("torch", dtype="bf16"))
     a = prompt().tolist()
     ctx = Context(model, ContextParams(n_ctx=64))
