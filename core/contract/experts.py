@@ -19,12 +19,13 @@ The routed-experts op (``moe_ffn``, optional) only computes the experts a ubatch
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import attrs
 import numpy as np
 
+from tessera.contract.arch import check_tensors
 from tessera.contract.ops import Op
 from tessera.files.gguf import RawTensor
 from tessera.switches import MOE_FFN_DISABLE, Choice, choose
@@ -194,6 +195,25 @@ class StackedExperts:
 
     def get(self, experts: Sequence[int]) -> list[tuple[Any, Any, Any]]:
         return [tuple(s[int(e)] for s in self.stacks) for e in experts]
+
+
+def checked_experts(
+    arch: str,
+    layout: ExpertLayout,
+    tensor_names: Iterable[str],
+    weights: Any,
+    experts: ModelExperts | None,
+) -> ModelExperts:
+    """What an MoE architecture's ``build`` starts with: refuse a missing tensor, then the
+    loader's ``experts`` (their stacked tensors are then not in ``weights``), or without
+    them every expert resident from the stacked tensors in ``weights``."""
+    stacked = {n for t in layout.layers for n in t.names}
+    check_tensors(arch, [n for n in tensor_names if experts is None or n not in stacked], weights)
+    if experts is not None:
+        return experts
+    return ModelExperts(
+        {t.layer: StackedExperts(*(weights[n] for n in t.names)) for t in layout.layers}
+    )
 
 
 def build_experts(

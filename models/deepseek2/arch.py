@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from tessera.contract.arch import Architecture, KVLayerLayout, check_tensors, metadata_key
-from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
+from tessera.contract.arch import Architecture, KVLayerLayout, metadata_key
+from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, checked_experts
 from tessera.contract.names import fields_from_gguf, fields_to_gguf, tensors_from_hf
 from tessera.contract.routing import GATING_IDS
 from tessera.errors import ModelFileError
@@ -178,14 +178,9 @@ class DeepSeek2Architecture(Architecture):
     ) -> DeepSeek2Graph:
         """``experts`` comes from the loader; without it the stacked tensors in ``weights``
         are used as they are (every expert resident)."""
-        layout = self.expert_layout(c)
-        stacked = {n for t in layout.layers for n in t.names}
-        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
-        check_tensors(ARCH, wanted, weights)
-        if experts is None:
-            experts = ModelExperts(
-                {t.layer: StackedExperts(*(weights[n] for n in t.names)) for t in layout.layers}
-            )
+        experts = checked_experts(
+            ARCH, self.expert_layout(c), self.tensor_shapes(c), weights, experts
+        )
         return DeepSeek2Graph(c, weights, backend, experts)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tessera.contract.arch import Architecture, KVLayerLayout, check_tensors
-from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
+from tessera.contract.arch import Architecture, KVLayerLayout
+from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, checked_experts
 from tessera.contract.names import (
     default_head_dims,
     fields_from_gguf,
@@ -184,16 +184,9 @@ class GptOssArchitecture(Architecture):
     ) -> GptOssGraph:
         """``experts`` comes from the loader; without it the stacked tensors in ``weights``
         are used as they are (every expert resident)."""
-        stacked = {n for t in self.expert_layout(c).layers for n in t.names}
-        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
-        check_tensors(ARCH, wanted, weights)
-        if experts is None:
-            experts = ModelExperts(
-                {
-                    t.layer: StackedExperts(*(weights[n] for n in t.names))
-                    for t in self.expert_layout(c).layers
-                }
-            )
+        experts = checked_experts(
+            ARCH, self.expert_layout(c), self.tensor_shapes(c), weights, experts
+        )
         return GptOssGraph(c, weights, backend, experts)
 
 

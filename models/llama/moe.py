@@ -30,8 +30,8 @@ from typing import Any
 
 import attrs
 
-from tessera.contract.arch import check_tensors, metadata_key
-from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
+from tessera.contract.arch import metadata_key
+from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, checked_experts
 from tessera.contract.names import fields_from_gguf, fields_from_hf, fields_to_gguf
 from tessera.contract.routing import GATING_IDS
 from tessera.errors import ModelFileError
@@ -199,16 +199,9 @@ class MoEArchitecture(LlamaArchitecture):
     ) -> MoEGraph:
         """``experts`` comes from the loader; without it the stacked tensors in ``weights``
         are used as they are (every expert resident)."""
-        stacked = {n for t in self.expert_layout(c).layers for n in t.names}
-        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
-        check_tensors(c.arch, wanted, weights)
-        if experts is None:
-            experts = ModelExperts(
-                {
-                    t.layer: StackedExperts(*(weights[n] for n in t.names))
-                    for t in self.expert_layout(c).layers
-                }
-            )
+        experts = checked_experts(
+            c.arch, self.expert_layout(c), self.tensor_shapes(c), weights, experts
+        )
         return MoEGraph(c, weights, backend, experts)
 
 

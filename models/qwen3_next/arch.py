@@ -18,9 +18,8 @@ from tessera.contract.arch import (
     Architecture,
     KVLayerLayout,
     RecurrentLayerLayout,
-    check_tensors,
 )
-from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, StackedExperts
+from tessera.contract.experts import ExpertLayout, ExpertTensors, ModelExperts, checked_experts
 from tessera.contract.names import fields_from_gguf, fields_from_hf, fields_to_gguf
 from tessera.hookspecs import hookimpl
 from tessera.models.qwen3_next import config as cfg
@@ -129,14 +128,9 @@ class Qwen3NextArchitecture(Architecture):
     ) -> Qwen3NextGraph:
         """``experts`` comes from the loader; without it the stacked tensors in ``weights``
         are used as they are (every expert resident)."""
-        layout = self.expert_layout(c)
-        stacked = {n for t in layout.layers for n in t.names}
-        wanted = [n for n in self.tensor_shapes(c) if experts is None or n not in stacked]
-        check_tensors(ARCH, wanted, weights)
-        if experts is None:
-            experts = ModelExperts(
-                {t.layer: StackedExperts(*(weights[n] for n in t.names)) for t in layout.layers}
-            )
+        experts = checked_experts(
+            ARCH, self.expert_layout(c), self.tensor_shapes(c), weights, experts
+        )
         return Qwen3NextGraph(c, weights, backend, experts)
 
 
