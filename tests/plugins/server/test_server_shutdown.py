@@ -111,7 +111,12 @@ def test_sigterm_under_load_with_clients_leaving_ends_every_stream_and_exits_0()
     ]
     for t in readers + leavers:
         t.start()
-    assert all(first.wait(60) for _, first in streams[:2]), "no chunk arrived"
+    # 8 clients, 2 slots: which ones hold the slots first is a race, so wait for any two
+    # streams to be under way (the leavers free their slots as they hang up)
+    deadline = time.monotonic() + 120
+    while sum(first.is_set() for _, first in streams) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(first.is_set() for _, first in streams) >= 2, "no two streams got under way"
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=30)
     for t in readers + leavers:
