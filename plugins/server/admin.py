@@ -15,7 +15,7 @@ from tessera.engine.slot_types import SlotBusyError, SlotNotFoundError
 from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState, engine_problem
 
-from .api_fields import DETOKENIZE, PROPS_UPDATE, SLOT_FILE, TOKENIZE
+from .api_fields_native import DETOKENIZE, PROPS_UPDATE, SLOT_FILE, TOKENIZE
 from .fields import Fields, read_json
 
 

@@ -21,7 +21,8 @@ from tessera.contract.routes import ApiError
 from tessera.plugins.server.state import ServerState
 
 from .anthropic_stream import events
-from .api_fields import ANTHROPIC_MESSAGES, ANTHROPIC_PROMPT, CHAT
+from .api_fields import CHAT
+from .api_fields_anthropic import ANTHROPIC_MESSAGES, ANTHROPIC_PROMPT
 from .chat_completions import chat_session, prompt_tokens
 from .content_parts import no_encoder
 from .fields import Fields, read_json

@@ -2,6 +2,7 @@
 and Anthropic, and every documented request field, with what tessera does with it.
 
 The field rows are made from the declarations of :mod:`tessera.plugins.server.api_fields`
+and its siblings ``api_fields_native``, ``api_fields_ollama`` and ``api_fields_anthropic``
 (what the handlers check) plus the documented fields tessera does not declare, with the
 reason; a test regenerates the tables and compares them with the document, and compares
 the declarations with the live server's ``/openapi.json``, so the three cannot drift.
@@ -12,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import api_fields as af
-from .api_fields import Field
+from . import api_fields_anthropic as anthropic
+from . import api_fields_native as native
+from . import api_fields_ollama as ollama
+from .field_decl import Field
 
 #: Each route that takes a JSON body, and the declarations its handler checks.
 ROUTE_FIELDS: tuple[tuple[str, Mapping[str, Field]], ...] = (
@@ -20,20 +24,20 @@ ROUTE_FIELDS: tuple[tuple[str, Mapping[str, Field]], ...] = (
     ("POST /v1/completions", af.COMPLETIONS),
     ("POST /v1/embeddings", af.EMBEDDINGS),
     ("POST /v1/rerank", af.RERANK),
-    ("POST /completion", af.NATIVE_COMPLETION),
-    ("POST /infill", af.INFILL),
-    ("POST /embedding", af.NATIVE_EMBEDDING),
-    ("POST /tokenize", af.TOKENIZE),
-    ("POST /detokenize", af.DETOKENIZE),
-    ("POST /slots/{id_slot}", af.SLOT_FILE),
-    ("POST /api/chat", af.OLLAMA_CHAT),
-    ("POST /api/generate", af.OLLAMA_GENERATE),
-    ("options of /api/chat, /api/generate", af.OLLAMA_OPTIONS),
-    ("POST /api/show", af.OLLAMA_SHOW),
-    ("POST /api/embed", af.OLLAMA_EMBED),
-    ("POST /api/embeddings", af.OLLAMA_EMBEDDINGS),
-    ("POST /v1/messages", af.ANTHROPIC_MESSAGES),
-    ("POST /v1/messages/count_tokens", af.ANTHROPIC_PROMPT),
+    ("POST /completion", native.NATIVE_COMPLETION),
+    ("POST /infill", native.INFILL),
+    ("POST /embedding", native.NATIVE_EMBEDDING),
+    ("POST /tokenize", native.TOKENIZE),
+    ("POST /detokenize", native.DETOKENIZE),
+    ("POST /slots/{id_slot}", native.SLOT_FILE),
+    ("POST /api/chat", ollama.OLLAMA_CHAT),
+    ("POST /api/generate", ollama.OLLAMA_GENERATE),
+    ("options of /api/chat, /api/generate", ollama.OLLAMA_OPTIONS),
+    ("POST /api/show", ollama.OLLAMA_SHOW),
+    ("POST /api/embed", ollama.OLLAMA_EMBED),
+    ("POST /api/embeddings", ollama.OLLAMA_EMBEDDINGS),
+    ("POST /v1/messages", anthropic.ANTHROPIC_MESSAGES),
+    ("POST /v1/messages/count_tokens", anthropic.ANTHROPIC_PROMPT),
 )
 
 _NO_MIROSTAT = "ignored: Mirostat is not implemented (the default chain samples)"

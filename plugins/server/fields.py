@@ -11,7 +11,7 @@ from starlette.requests import Request
 
 from tessera.contract.routes import ApiError
 
-from .api_fields import Field
+from .field_decl import Field
 
 
 def _span(lo: float | None, hi: float | None) -> str:
@@ -57,7 +57,7 @@ def token_ids(value: Any, n_vocab: int, name: str) -> list[int] | None:
 class Fields:
     """Typed access to a request object's fields; unknown fields are ignored.
 
-    With ``declared`` (a table of :mod:`tessera.plugins.server.api_fields`), every declared
+    With ``declared`` (a table of :mod:`tessera.plugins.server.api_fields` or a sibling), every declared
     field is checked on construction (a 400 naming the first bad one), and ``f[name]``
     reads one with its declared type, range and default; reading a field the table does
     not declare is a programming error (KeyError), so the table stays complete.

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from tessera.contract.routes import ApiError
 from tessera.plugins.server.state import ServedModel, ServerState
 
-from .api_fields import INFILL
+from .api_fields_native import INFILL
 from .fields import Fields, read_json
 from .fim import FimTokens, InfillParts, fim_tokens, infill_prompt
 from .native_completion import native_errors, requested_n_predict, run_native

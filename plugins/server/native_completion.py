@@ -20,7 +20,7 @@ from tessera.contract.routes import ApiError
 from tessera.engine.slot_types import GenerationRequest
 from tessera.plugins.server.state import ServedModel, ServerState
 
-from .api_fields import NATIVE_COMPLETION
+from .api_fields_native import NATIVE_COMPLETION
 from .constraint_request import constraint_factory
 from .dry_breakers import with_dry_breakers
 from .fields import Fields, read_json

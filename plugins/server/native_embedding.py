@@ -21,7 +21,7 @@ from tessera.errors import TesseraError
 from tessera.plugins.server.state import ServerState
 
 from .access_log import count_tokens
-from .api_fields import NATIVE_EMBEDDING
+from .api_fields_native import NATIVE_EMBEDDING
 from .embeddings import embedder_of
 from .fields import Fields, read_json
 from .native_completion import native_errors

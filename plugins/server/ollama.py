@@ -22,7 +22,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from tessera.contract.routes import ApiError
 from tessera.plugins.server.state import ServedModel, ServerState
 
-from .api_fields import CHAT, OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS
+from .api_fields import CHAT
+from .api_fields_ollama import OLLAMA_CHAT, OLLAMA_GENERATE, OLLAMA_OPTIONS
 from .chat_completions import chat_session, prompt_tokens
 from .content_parts import no_encoder
 from .fields import Fields, read_json

@@ -18,7 +18,7 @@ from tessera.errors import ContextOverflowError, TesseraError
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .access_log import count_tokens
-from .api_fields import OLLAMA_EMBED, OLLAMA_EMBEDDINGS, OLLAMA_SHOW
+from .api_fields_ollama import OLLAMA_EMBED, OLLAMA_EMBEDDINGS, OLLAMA_SHOW
 from .embeddings import embedder_of
 from .fields import Fields, read_json
 from .ollama import ollama_errors

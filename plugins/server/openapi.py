@@ -1,7 +1,8 @@
 """The server's API as an OpenAPI 3.1 document, served at ``/openapi.json``.
 
 Request bodies come from the field declarations of
-:mod:`tessera.plugins.server.api_fields` (the same ones the handlers check), responses
+:mod:`tessera.plugins.server.api_fields` and its siblings (the same ones the handlers
+check), responses
 from the shapes below. Every route a plugin registers with an ``openapi`` operation
 (:class:`tessera.contract.routes.ServerRoute`) is listed; routes without one are not.
 """
@@ -13,8 +14,11 @@ from typing import Any
 
 from tessera.contract.routes import ServerRoute
 
-from . import api_fields
-from .api_fields import Field
+from . import api_fields as af
+from . import api_fields_anthropic as anthropic
+from . import api_fields_native as native
+from . import api_fields_ollama as ollama
+from .field_decl import Field
 
 ERROR = {
     "type": "object",
@@ -136,26 +140,26 @@ _OLLAMA = {"error_schema": {"anyOf": [_obj("error", error=_STRING), ERROR]}}
 _OLLAMA_MODELS = _obj("models", models={"type": "array", "items": _obj("name", "model", "size")})
 OLLAMA_OPERATIONS = {
     "ollama_chat": operation(
-        "Ollama's chat", _obj("model", "created_at", "message", "done"), api_fields.OLLAMA_CHAT,
+        "Ollama's chat", _obj("model", "created_at", "message", "done"), ollama.OLLAMA_CHAT,
         more_ok=_NDJSON, **_OLLAMA,
     ),
     "ollama_generate": operation(
         "Ollama's generate", _obj("model", "created_at", "response", "done"),
-        api_fields.OLLAMA_GENERATE, more_ok=_NDJSON, **_OLLAMA,
+        ollama.OLLAMA_GENERATE, more_ok=_NDJSON, **_OLLAMA,
     ),
     "ollama_tags": operation("Ollama's list of models", _OLLAMA_MODELS, **_OLLAMA),
     "ollama_ps": operation("Ollama's models in memory", _OLLAMA_MODELS, **_OLLAMA),
     "ollama_show": operation(
         "Ollama's model details", _obj("details", "model_info", "capabilities"),
-        api_fields.OLLAMA_SHOW, **_OLLAMA,
+        ollama.OLLAMA_SHOW, **_OLLAMA,
     ),
     "ollama_embed": operation(
         "Ollama's embeddings", _obj("model", "embeddings", embeddings=_LIST),
-        api_fields.OLLAMA_EMBED, **_OLLAMA,
+        ollama.OLLAMA_EMBED, **_OLLAMA,
     ),
     "ollama_embeddings": operation(
         "Ollama's older embeddings route", _obj("embedding", embedding=_LIST),
-        api_fields.OLLAMA_EMBEDDINGS, **_OLLAMA,
+        ollama.OLLAMA_EMBEDDINGS, **_OLLAMA,
     ),
     "ollama_version": operation(
         "the server's version", _obj("version", version=_STRING), **_OLLAMA
@@ -168,11 +172,11 @@ ANTHROPIC_ERROR = {
 ANTHROPIC_OPERATIONS = {
     "anthropic_messages": operation(
         "Anthropic's Messages API", _obj("id", "type", "role", "content", "stop_reason", "usage"),
-        api_fields.ANTHROPIC_MESSAGES, more_ok=_STREAM, error_schema=ANTHROPIC_ERROR,
+        anthropic.ANTHROPIC_MESSAGES, more_ok=_STREAM, error_schema=ANTHROPIC_ERROR,
     ),
     "anthropic_count_tokens": operation(
         "the prompt tokens a Messages request would evaluate",
-        _obj("input_tokens", input_tokens={"type": "integer"}), api_fields.ANTHROPIC_PROMPT,
+        _obj("input_tokens", input_tokens={"type": "integer"}), anthropic.ANTHROPIC_PROMPT,
         error_schema=ANTHROPIC_ERROR,
     ),
 }  # fmt: skip
@@ -184,15 +188,15 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "metrics": operation(
         "Prometheus metrics", _STRING, more_ok={"text/plain": {"schema": _STRING}}
     ),
-    "tokenize": operation("text to token ids", _obj("tokens"), api_fields.TOKENIZE),
+    "tokenize": operation("text to token ids", _obj("tokens"), native.TOKENIZE),
     "detokenize": operation(
-        "token ids to text", _obj("content", content=_STRING), api_fields.DETOKENIZE
+        "token ids to text", _obj("content", content=_STRING), native.DETOKENIZE
     ),
     "slots": operation("each slot's state (501 with --no-slots)", _LIST),
     "slot_action": operation(
         "save, restore or erase a slot's KV cache (save/restore need --slot-save-path)",
         {"type": "object"},
-        api_fields.SLOT_FILE,
+        native.SLOT_FILE,
         parameters=[
             {"name": "id_slot", "in": "path", "required": True, "schema": {"type": "integer"}},
             {
@@ -203,46 +207,46 @@ OPERATIONS: dict[str, dict[str, Any]] = {
             },
         ],
     ),
-    "completions": operation("text completion", _COMPLETION, api_fields.COMPLETIONS, **_GENERATION),
-    "chat_completions": operation("chat completion", _COMPLETION, api_fields.CHAT, **_GENERATION),
+    "completions": operation("text completion", _COMPLETION, af.COMPLETIONS, **_GENERATION),
+    "chat_completions": operation("chat completion", _COMPLETION, af.CHAT, **_GENERATION),
     "embeddings": operation(
         "embedding vectors",
         _obj("object", "data", "model", "usage", data=_LIST),
-        api_fields.EMBEDDINGS,
+        af.EMBEDDINGS,
     ),
     "rerank": operation(
         "documents ranked by relevance to a query (Jina's form; TEI's with 'texts')",
         _RERANKED,
-        api_fields.RERANK,
+        af.RERANK,
     ),
     "update_props": operation(
         "llama-server's POST /props (needs --props; nothing can be changed yet)",
         _obj("success"),
-        api_fields.PROPS_UPDATE,
+        native.PROPS_UPDATE,
     ),
     "native_completion": operation(
-        "llama-server's native completion", _NATIVE_COMPLETION, api_fields.NATIVE_COMPLETION,
+        "llama-server's native completion", _NATIVE_COMPLETION, native.NATIVE_COMPLETION,
         **_NATIVE,
     ),
     "infill": operation(
-        "fill in the middle with the model's FIM tokens", _NATIVE_COMPLETION, api_fields.INFILL,
+        "fill in the middle with the model's FIM tokens", _NATIVE_COMPLETION, native.INFILL,
         **_NATIVE,
     ),
     "native_embedding": operation(
         "llama-server's native embeddings: per input, its pooled vector or a vector per token",
         {"type": "array", "items": _obj("index", "embedding", embedding=_LIST)},
-        api_fields.NATIVE_EMBEDDING,
+        native.NATIVE_EMBEDDING,
         error_schema=NATIVE_ERROR,
     ),
     "apply_template": operation(
         "a chat request's prompt, rendered by the chat template",
         _obj("prompt", prompt=_STRING),
-        api_fields.CHAT,
+        af.CHAT,
     ),
     "chat_input_tokens": operation(
         "the prompt tokens a chat request would evaluate",
         _obj("object", "input_tokens", input_tokens={"type": "integer"}),
-        api_fields.CHAT,
+        af.CHAT,
     ),
     **OLLAMA_OPERATIONS,
     **ANTHROPIC_OPERATIONS,
