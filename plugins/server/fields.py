@@ -57,10 +57,10 @@ def token_ids(value: Any, n_vocab: int, name: str) -> list[int] | None:
 class Fields:
     """Typed access to a request object's fields; unknown fields are ignored.
 
-    With ``declared`` (a table of :mod:`tessera.plugins.server.api_fields` or a sibling), every declared
-    field is checked on construction (a 400 naming the first bad one), and ``f[name]``
-    reads one with its declared type, range and default; reading a field the table does
-    not declare is a programming error (KeyError), so the table stays complete.
+    With ``declared`` (a table of :mod:`tessera.plugins.server.api_fields` or a sibling),
+    every declared field is checked on construction (a 400 naming the first bad one), and
+    ``f[name]`` reads one with its declared type, range and default; reading a field the
+    table does not declare is a programming error (KeyError), so the table stays complete.
     """
 
     def __init__(self, body: dict[str, Any], declared: Mapping[str, Field] | None = None) -> None:
