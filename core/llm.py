@@ -4,8 +4,10 @@ One object loads the model (the bundled one when none is named), keeps one conte
 generates through a :class:`~tessera.engine.cached_sequence.CachedSequence`, so a prompt
 that starts like the previous one (the next turn of a chat) evaluates only what is new.
 ``complete`` and ``chat`` (also under llama-cpp-python's names) return OpenAI-shaped dicts
-(:mod:`tessera.llm_responses`), or chunks with ``stream=True`` or from ``stream``. See
-docs/python-api.md. One generation runs at a time: a new one closes a stream still open.
+(:mod:`tessera.llm_responses`), or chunks with ``stream=True`` or from ``stream``; their
+sampling keywords are checked and mapped onto the sampler chain by
+:mod:`tessera.llm_sampling`. See docs/python-api.md. One generation runs at a time: a new
+one closes a stream still open.
 """
 
 from __future__ import annotations
@@ -22,10 +24,16 @@ import numpy as np
 from tessera.engine.cached_sequence import CachedSequence
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import GenerationStats, check_prompt
-from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.errors import TesseraError
 from tessera.files.load import default_model_path, load_model
 from tessera.llm_responses import Response, RunTotals, chat_chunks, completion_chunks
+from tessera.llm_sampling import (
+    CHAT_DEFAULTS,
+    COMPLETE_DEFAULTS,
+    AdjustedSampler,
+    GenerationArgs,
+    SamplingKeywords,
+)
 from tessera.plugin_manager import PluginFailure, Runtime
 from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
 from tessera.text.stop_strings import StopStringMatcher
@@ -78,6 +86,7 @@ class LLM:
                 f"dtype, n_threads, pooling, chat_template and {', '.join(_CONTEXT_FIELDS)}"
             )
         runtime = Runtime(on_failure=_warn)
+        self._keywords = SamplingKeywords(runtime)
         self.model = load_model(
             model if model is not None else default_model_path(),
             runtime,
@@ -139,55 +148,31 @@ class LLM:
     # -- generation ------------------------------------------------------------------------
 
     def complete(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        stream: bool = False,
+        self, prompt: str | Sequence[int], *, stream: bool = False, **sampling: Any
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Continue ``prompt`` (text, or token ids); a ``text_completion`` dict, or with
-        ``stream`` an iterator of its chunks. ``max_tokens`` None or 0: until the model
-        ends or the context is full; ``temperature`` 0: greedy; ``seed`` None: random."""
+        ``stream`` an iterator of its chunks. The sampling keywords are
+        :mod:`tessera.llm_sampling`'s: ``max_tokens`` (default 16; None or 0: until the model
+        ends or the context is full), ``temperature`` (default 0.8; 0: greedy), ``seed``
+        (None: random), ``stop``, ``logit_bias``, ``grammar``, ``response_format`` and
+        every setting of the sampler chain."""
+        args = self._keywords.parse("complete", sampling, COMPLETE_DEFAULTS, self.tokenizer)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        params = SamplerParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, seed=seed,
-        )  # fmt: skip
-        pieces, totals, response = self._generate("cmpl", tokens, params, max_tokens, stop)
+        pieces, totals, response = self._generate("cmpl", tokens, args)
         if stream:
             return completion_chunks(response, pieces, totals)
         return response.completion("".join(pieces), totals)
 
     def chat(
-        self,
-        messages: list[dict],
-        *,
-        max_tokens: int | None = None,
-        temperature: float = 0.2,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        stream: bool = False,
+        self, messages: list[dict], *, stream: bool = False, **sampling: Any
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer OpenAI-style ``messages`` with the model's chat template; a
         ``chat.completion`` dict, or with ``stream`` an iterator of ``chat.completion.chunk``
-        dicts. The keywords are :meth:`complete`'s (defaults as llama-cpp-python's)."""
+        dicts. The keywords are :meth:`complete`'s; the defaults are llama-cpp-python's
+        (``max_tokens`` None, ``temperature`` 0.2)."""
+        args = self._keywords.parse("chat", sampling, CHAT_DEFAULTS, self.tokenizer)
         tokens = encode_chat_prompt(self.tokenizer, self.chat_prompt(messages))
-        params = SamplerParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, seed=seed,
-        )  # fmt: skip
-        pieces, totals, response = self._generate("chatcmpl", tokens, params, max_tokens, stop)
+        pieces, totals, response = self._generate("chatcmpl", tokens, args)
         if stream:
             return chat_chunks(response, pieces, totals)
         return response.chat_completion("".join(pieces), totals)
@@ -208,21 +193,15 @@ class LLM:
         return self._template.render(_check_messages(messages), add_generation_prompt=True)
 
     def _generate(
-        self,
-        kind: str,
-        tokens: list[int],
-        params: SamplerParams,
-        max_tokens: int | None,
-        stop: str | Sequence[str] | None,
+        self, kind: str, tokens: list[int], args: GenerationArgs
     ) -> tuple[Iterator[str], RunTotals, Response]:
         """Check what can be checked now; then the text pieces (stop strings applied), the
         totals they fill in and the ``kind`` of response (``cmpl``, ``chatcmpl``) they make."""
         seq, totals = self._sequence(), RunTotals()
         check_prompt(seq.ctx, tokens)  # refused before a stream is handed back, or one closed
-        stops = StopStringMatcher([stop] if isinstance(stop, str) else list(stop or ()))
+        stops = StopStringMatcher(list(args.stops))
         totals.n_prompt = len(tokens)
-        n_predict = max_tokens if max_tokens is not None and max_tokens > 0 else -1
-        pieces = self._pieces(seq, tokens, n_predict, Sampler(params), stops, totals)
+        pieces = self._pieces(seq, tokens, args.n_predict, args.sampler(), stops, totals)
         if self._active is not None:
             self._active.close()  # its record of the cache is settled before the cache moves
         self._active = pieces
@@ -233,7 +212,7 @@ class LLM:
         seq: CachedSequence,
         tokens: list[int],
         n_predict: int,
-        sampler: Sampler,
+        sampler: AdjustedSampler,
         stops: StopStringMatcher,
         totals: RunTotals,
     ) -> Iterator[str]:
@@ -250,12 +229,14 @@ class LLM:
                 if check.stopped:
                     totals.finish_reason = "stop"
                     return
+                if sampler.complete:  # the constraint's sentence is whole: nothing may follow
+                    break
             check = stops.feed(decoder.flush())
             tail = check.text + ("" if check.stopped else stops.flush())
             if tail:
                 yield tail
             # generate counts an end-of-generation token it drew but did not yield
-            ended = check.stopped or stats.n_generated > totals.n_completion
+            ended = check.stopped or sampler.complete or stats.n_generated > totals.n_completion
             totals.finish_reason = "stop" if ended else "length"
         except GeneratorExit:
             totals.cut = True

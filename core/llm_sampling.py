@@ -1,0 +1,198 @@
+"""The sampling keywords of :class:`tessera.LLM` mapped onto the engine's sampler chain.
+
+``complete``, ``chat`` and ``stream`` take every setting of
+:class:`~tessera.engine.sampling.SamplerParams` under its own name (llama.cpp's, which are
+llama-cpp-python's where it has the setting: ``temperature``, ``top_k``, ``top_p``,
+``min_p``, ``typical_p``, ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``,
+``seed``), plus ``max_tokens``, ``stop``, ``logit_bias``, ``grammar`` (GBNF text) and
+``response_format`` (OpenAI's). Logit bias and an output constraint are applied as the
+server's slot engine applies them: the bias is added to the logits, then the constraint
+draws with the plain sampler on the masked row. A constraint kind comes from the plugin
+runtime's catalogue (the ``tessera_register_constraints`` hook), never from an import.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from tessera.contract.constraints import Constraint, ConstraintSpecError
+from tessera.engine.dry import DryBreakers
+from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.errors import TesseraError, UnknownNameError
+
+#: The keywords that are :class:`SamplerParams` fields (DRY's token-form breakers are made
+#: from ``dry_sequence_breakers`` with the model's vocabulary).
+SAMPLER_KEYWORDS = tuple(a.name for a in attrs.fields(SamplerParams) if a.name != "dry_breakers")
+#: Every sampling keyword of ``complete``, ``chat`` and ``stream``.
+KEYWORDS = (*SAMPLER_KEYWORDS, "max_tokens", "stop", "logit_bias", "grammar", "response_format")
+#: llama-cpp-python's defaults where they differ between its two methods.
+COMPLETE_DEFAULTS: Mapping[str, Any] = {"max_tokens": 16, "temperature": 0.8}
+CHAT_DEFAULTS: Mapping[str, Any] = {"max_tokens": None, "temperature": 0.2}
+
+
+@attrs.frozen
+class GenerationArgs:
+    """What one call asked for, checked: the sampler settings, the token budget (-1: until
+    the model ends or the context is full), the stop strings, the logit bias and the
+    factory of the output constraint (None: unconstrained)."""
+
+    params: SamplerParams
+    n_predict: int
+    stops: tuple[str, ...]
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: Callable[[], Constraint] | None = attrs.field(default=None, eq=False)
+
+    def sampler(self) -> AdjustedSampler:
+        """A fresh sampler for one generation (its seeded RNG, a fresh constraint)."""
+        made = self.constraint() if self.constraint is not None else None
+        return AdjustedSampler(Sampler(self.params), self.logit_bias, made)
+
+
+class AdjustedSampler:
+    """The engine's :class:`Sampler` with a logit bias added and a constraint applied."""
+
+    def __init__(
+        self,
+        base: Sampler,
+        logit_bias: Sequence[tuple[int, float]] = (),
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.base, self.params, self.rng = base, base.params, base.rng
+        self.constraint = constraint
+        self._ids = np.array([t for t, _ in logit_bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in logit_bias], dtype=np.float32)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the constraint allows nothing but the end of generation now."""
+        return self.constraint is not None and self.constraint.complete
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """One token as :meth:`Sampler.sample` draws it, after the bias and the constraint."""
+        if len(self._ids):
+            logits = np.array(logits, dtype=np.float32)
+            np.add.at(logits, self._ids, self._bias)
+        if self.constraint is None:
+            return self.base.sample(logits, history)
+        token = self.constraint.sample(self.base, logits, history)
+        self.constraint.accept(token)
+        return token
+
+
+def _logit_bias(value: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """llama-cpp-python's ``{token id: bias}`` (OpenAI's string ids too), each bias clamped
+    to OpenAI's [-100, 100] as the server clamps it."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise TesseraError(f"logit_bias must be a dict of token id to bias, got {value!r}")
+    out = []
+    for key, bias in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        number = isinstance(bias, numbers.Real) and not isinstance(bias, bool)
+        if not 0 <= token < n_vocab or not number or not math.isfinite(bias):
+            raise TesseraError(
+                f"logit_bias must map token ids in [0, {n_vocab}) to finite numbers; got "
+                f"{key!r}: {bias!r}"
+            )
+        out.append((token, float(max(-100.0, min(100.0, bias)))))
+    return tuple(out)
+
+
+def _response_format(fmt: Any) -> tuple[str, Any] | None:
+    """(kind, spec) of OpenAI's ``response_format`` (also llama-cpp-python's
+    ``{"type": "json_object", "schema": {...}}``); None for text."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type", "text") if isinstance(fmt, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = fmt.get("schema")
+        return ("json_object", None) if schema is None else ("json_schema", schema)
+    if kind == "json_schema":
+        wrapper = fmt.get("json_schema")
+        schema = wrapper.get("schema") if isinstance(wrapper, Mapping) else fmt.get("schema")
+        if isinstance(schema, Mapping):
+            return "json_schema", schema
+    raise TesseraError(
+        f"response_format {fmt!r} is not one tessera enforces; give {{'type': 'text'}}, "
+        "{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'schema': {...}}}"
+    )
+
+
+class SamplingKeywords:
+    """Checks the sampling keywords of one LLM call; keeps DRY's breakers in token form (a
+    pass over the vocabulary) for the next calls. Compiled constraints are cached by their
+    kind, per tokenizer and spec."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.runtime = runtime
+        self._breakers: dict[tuple[str, ...], DryBreakers] = {}
+
+    def parse(
+        self, method: str, given: Mapping[str, Any], defaults: Mapping[str, Any], tokenizer: Any
+    ) -> GenerationArgs:
+        """The checked :class:`GenerationArgs` of ``method``'s keywords ``given`` over
+        ``defaults``; an unknown keyword is a TypeError naming it."""
+        unknown = sorted(set(given) - set(KEYWORDS))
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            raise TypeError(
+                f"LLM.{method}() got unexpected keyword argument(s) {names}; its sampling "
+                f"keywords are {', '.join(KEYWORDS)}"
+            )
+        args = {**defaults, **given}
+        sampling = {k: args[k] for k in SAMPLER_KEYWORDS if args.get(k) is not None}
+        params = self._with_breakers(SamplerParams(**sampling), tokenizer)
+        max_tokens = args.get("max_tokens")
+        stop = args.get("stop")
+        return GenerationArgs(
+            params=params,
+            n_predict=max_tokens if max_tokens is not None and max_tokens > 0 else -1,
+            stops=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            logit_bias=_logit_bias(args.get("logit_bias"), tokenizer.n_vocab),
+            constraint=self._constraint(args, tokenizer),
+        )
+
+    def _with_breakers(self, params: SamplerParams, tokenizer: Any) -> SamplerParams:
+        if params.dry_multiplier == 0.0:
+            return params
+        key = params.dry_sequence_breakers
+        if key not in self._breakers:  # a pass over the whole vocabulary: once per list
+            self._breakers[key] = DryBreakers.for_tokenizer(key, tokenizer)
+        return attrs.evolve(params, dry_breakers=self._breakers[key])
+
+    def _constraint(
+        self, args: Mapping[str, Any], tokenizer: Any
+    ) -> Callable[[], Constraint] | None:
+        asked = []
+        if args.get("grammar") is not None:
+            if not isinstance(args["grammar"], str):
+                raise TesseraError("grammar must be the text of a GBNF grammar")
+            asked.append(("grammar", "gbnf", args["grammar"]))
+        found = _response_format(args.get("response_format"))
+        if found is not None:
+            asked.append(("response_format", *found))
+        if not asked:
+            return None
+        if len(asked) > 1:
+            raise TesseraError("give one output constraint: grammar or response_format, not both")
+        field, kind, spec = asked[0]
+        try:
+            compile_spec = self.runtime.constraint_kind(kind).compile
+        except UnknownNameError as exc:
+            raise TesseraError(f"{field} cannot be enforced: {exc}") from None
+        try:
+            return compile_spec(spec, tokenizer)
+        except ConstraintSpecError as exc:
+            raise TesseraError(f"{field} is refused: {exc}") from None
