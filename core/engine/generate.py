@@ -19,8 +19,8 @@ import numpy as np
 from tessera.contract.spec import SpecDecoder, SpecParams
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context
+from tessera.engine.draft_rollback import KeptRows, checkpoint, keep_rows
 from tessera.engine.drafting import Drafter
-from tessera.engine.recurrent import refuse_speculation
 from tessera.engine.sampling import Sampler
 from tessera.engine.verify import NO_DRAFT, accept_draft
 from tessera.errors import ContextOverflowError, TesseraError
@@ -133,8 +133,6 @@ def generate(
     stats = stats if stats is not None else GenerationStats()
     all_rows = decoder is not None and decoder.needs_all_prompt_outputs
     n_past = 0 if all_rows else n_past  # the drafter reads every prompt row's state
-    if decoder is not None:
-        refuse_speculation(ctx)
     if not ctx.kv.seq_rm(seq_id, n_past):  # a recurrent state holds more than n_past
         ctx.kv.seq_rm(seq_id)
         n_past = 0
@@ -167,8 +165,9 @@ def generate(
         # Drafts fill at most the budget (the target adds one) and the context.
         room = min(n_left - 1, ctx.n_ctx - len(history))
         draft = NO_DRAFT if drafter is None else drafter.propose(history, room)
-        batch = Batch.for_sequence([history[-1], *draft.tokens], len(history) - 1, seq_id, "all")
-        rows = ctx.decode(batch)
+        rows_in = [history[-1], *draft.tokens]
+        saved = checkpoint(ctx, [seq_id]) if draft.tokens else {}
+        rows = ctx.decode(Batch.for_sequence(rows_in, len(history) - 1, seq_id, "all"))
         emitted = accept_draft(draft, rows, sampler, history)
         n_accepted = len(emitted) - 1
         emitted = emitted[:n_left]
@@ -184,7 +183,8 @@ def generate(
         if draft.tokens:
             # The cache keeps what the target evaluated: all of it after an EOG (as plain
             # decoding), else all but the newest token, which the next batch carries.
-            ctx.kv.seq_rm(seq_id, len(history) + kept - (0 if stopped else 1))
+            n_keep = kept + (1 if stopped else 0)
+            keep_rows(ctx, saved, [KeptRows(seq_id, rows_in, len(history) - 1, n_keep)])
         if drafter is not None:
             drafter.verified(len(draft), n_accepted)
         new = emitted[:kept]

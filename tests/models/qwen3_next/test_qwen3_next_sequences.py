@@ -6,8 +6,8 @@ source; removal is refused where it would cut into a state (the state and the ca
 then unchanged) and allowed for a whole sequence or past its end; a ubatch that does not
 continue a state right where it ends is refused; a saved sequence restores into another
 context (and another sequence id) and continues identically; the prompt cache reuses a
-stored state only for an exact prefix and otherwise evaluates the prompt again;
-speculative decoding is declined.
+stored state only for an exact prefix and otherwise evaluates the prompt again
+(speculative decoding: test_qwen3_next_speculative.py).
 """
 
 from __future__ import annotations
@@ -28,15 +28,12 @@ from qwen3_next_oracle import (
     transformers_answers,
 )
 
-from tessera.contract.spec import SpecParams
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
-from tessera.engine.drafting import create_decoder
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.errors import TesseraError
 from tessera.files.load import load_model
-from tessera.plugin_manager import Runtime
 
 
 def hf_logits(tokens: list[int]) -> np.ndarray:
@@ -151,15 +148,6 @@ def test_the_prompt_cache_reuses_only_an_exact_prefix_of_the_stored_state(backen
     sampler = Sampler(SamplerParams(temperature=0))
     again = list(generate(ctx, a, N_PREDICT, sampler, n_past=len(a) - 4, stats=stats))
     assert stats.n_prompt == len(a) and again == first
-
-
-def test_speculative_decoding_is_declined_with_the_reason():
-    ctx = context(LLAMA_CPP_F32, "numpy")
-    decoder = create_decoder(Runtime(), "ngram", ctx, SpecParams())
-    sampler = Sampler(SamplerParams(temperature=0))
-    with pytest.raises(TesseraError, match="recurrent state.*without --spec-type"):
-        list(generate(ctx, prompt().tolist(), 4, sampler, decoder=decoder))
-    decoder.close()
 
 
 def test_states_stay_float32_on_a_bf16_backend_and_restore_identically(tmp_path):

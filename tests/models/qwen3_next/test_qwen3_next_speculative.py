@@ -1,0 +1,84 @@
+"""Speculative decoding on Qwen3-Next: rejected drafts are rolled out of the recurrent
+states too, so greedy speculative output is transformers' greedy output.
+
+A verify batch folds every drafted row into the gated delta net's state; after a rejection
+the state is restored and the kept rows evaluated again
+(:mod:`tessera.engine.draft_rollback`). A scripted drafter proposes transformers' own
+continuation with chosen tokens made wrong, so steps accept all, some or none of a draft;
+the oracle is transformers' ``generate`` on the committed folder, and the states left
+behind are compared with those of plain decoding.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from qwen3_next_oracle import BACKENDS, LLAMA_CPP_F32, context, hf_model, prompt
+
+from tessera.contract.spec import Draft, SpecDecoder, SpecParams
+from tessera.engine.generate import GenerationStats, generate
+from tessera.engine.sampling import Sampler, SamplerParams
+
+N_NEW = 14
+#: Per verify step, which draft position is made wrong (None: the whole draft is right).
+WRONG_AT = [None, 1, 0, 2, None, 1, 0, None]
+
+
+@functools.cache
+def transformers_greedy() -> list[int]:
+    ids = torch.tensor(prompt())[None]
+    with torch.no_grad():
+        out = hf_model().generate(ids, max_new_tokens=N_NEW, do_sample=False, pad_token_id=0)
+    return out[0, ids.shape[1] :].tolist()
+
+
+class ScriptedDrafter(SpecDecoder):
+    """Drafts the known continuation ``want`` of ``n_prompt`` tokens, one token of each
+    draft made wrong as :data:`WRONG_AT` says."""
+
+    def __init__(self, want: list[int], n_prompt: int, n_vocab: int) -> None:
+        self.want, self.n_prompt, self.n_vocab, self.step = want, n_prompt, n_vocab, 0
+
+    def draft(self, history: Sequence[int], n_max: int) -> Draft:
+        i = len(history) - self.n_prompt
+        tokens = self.want[i : i + n_max]
+        wrong = WRONG_AT[self.step % len(WRONG_AT)]
+        self.step += 1
+        if wrong is not None and wrong < len(tokens):
+            tokens[wrong] = (tokens[wrong] + 1) % self.n_vocab
+        return Draft(tokens)
+
+
+def run(ctx, tokens, decoder=None, spec=None) -> tuple[list[int], GenerationStats]:
+    stats = GenerationStats()
+    sampler = Sampler(SamplerParams(temperature=0))
+    out = list(generate(ctx, tokens, N_NEW, sampler, decoder=decoder, spec=spec, stats=stats))
+    return out, stats
+
+
+def states(ctx) -> list[np.ndarray]:
+    return [np.asarray(ctx.model.backend.to_numpy(t[0:1])) for t in ctx.recurrent.tensors()]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_speculation_through_rejections_gives_transformers_tokens(backend):
+    want = transformers_greedy()
+    p = prompt().tolist()
+    plain_ctx = context(LLAMA_CPP_F32, backend)
+    plain, _ = run(plain_ctx, p)
+    ctx = context(LLAMA_CPP_F32, backend)
+    drafter = ScriptedDrafter(want, len(p), ctx.model.config.n_vocab)
+    got, stats = run(ctx, p, drafter, SpecParams(draft_max=3, adaptive=False))
+    assert plain == want
+    assert got == want
+    # the script's steps accepted whole drafts and cut others short
+    assert 0 < stats.n_accepted < stats.n_drafted and stats.n_verify >= 5
+    assert stats.n_target_batches < N_NEW - 1  # fewer target batches than plain decoding
+    # the states hold exactly what plain decoding folded in
+    assert ctx.recurrent.pos[0] == plain_ctx.recurrent.pos[0] == len(p) + N_NEW - 2
+    for s, t in zip(states(ctx), states(plain_ctx), strict=True):
+        np.testing.assert_allclose(s, t, atol=1e-5)
