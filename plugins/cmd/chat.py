@@ -4,8 +4,9 @@ llama-cli's conversation mode.
 The flags are ``run``'s model, context and sampling flags, ``-n`` per answer (default -1:
 until the model ends its turn or the context is full), ``-sys`` for the system message,
 ``--ignore-eos`` and ``--load FILE`` to start from a saved conversation. On a terminal the
-line is edited with readline (history with the arrow keys); from a pipe, each line is a
-question and no prompt is drawn. See :mod:`tessera.plugins.cmd.chat_repl` for the loop.
+line is edited with readline (history with the arrow keys); from a pipe or ``-f FILE``
+(``-f -``: standard input), each line is a question and no prompt is drawn. See
+:mod:`tessera.plugins.cmd.chat_repl` for the loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="most tokens per answer (-1 = until the model ends its turn or the context is full)",
     )
     parser.add_argument("-sys", "--system-prompt", default=None, help="system message")
+    parser.add_argument(
+        "-f",
+        "--file",
+        default=None,
+        metavar="FILE",
+        help="read the questions from FILE, one per line (- for stdin, as a pipe)",
+    )
     add_conversation_arguments(parser)
     add_model_arguments(parser)
     add_sampling_arguments(parser)
@@ -63,14 +71,39 @@ def _line_reader(interactive: bool) -> Any:
     return input
 
 
-def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) -> int:
-    """Load the model and run the chat loop; ``system`` (else ``-sys``) is the system message."""
+def _file_reader(path: str) -> Any:
+    """``input`` over the lines of ``path`` (read now, so a missing file fails before the
+    model loads): each call gives the next line, then EOFError, as at the end of a pipe."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = iter(f.read().splitlines())
+    except OSError as exc:
+        raise TesseraError(f"cannot read questions file '{path}' ({exc.strerror})") from exc
+
+    def read_line(prompt: str = "") -> str:
+        line = next(lines, None)
+        if line is None:
+            raise EOFError
+        return line
+
+    return read_line
+
+
+def run_chat(
+    args: argparse.Namespace,
+    runtime: Any,
+    system: str | None = None,
+    questions: str | None = None,
+) -> int:
+    """Load the model and run the chat loop; ``system`` (else ``-sys``) is the system
+    message; ``questions`` a file of questions (``-``: standard input, as a pipe)."""
     from tessera.engine.sampling import Sampler
     from tessera.plugins.cmd.chat_conversation import Conversation
     from tessera.plugins.cmd.chat_repl import ChatRepl
     from tessera.plugins.cmd.model_summary import model_summary
 
     sampler = Sampler(sampler_params_from_args(args))
+    from_file = _file_reader(questions) if questions not in (None, "-") else None
     conversation = Conversation.load(args.load) if getattr(args, "load", None) else Conversation()
     if system or args.system_prompt:
         conversation.system = system or args.system_prompt
@@ -80,7 +113,7 @@ def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) 
     sampler = Sampler(sampler.params.with_vocabulary(model.tokenizer))  # DRY's breakers as tokens
     ctx = context_from_args(args, model)
     print(model_summary(model, ctx), file=sys.stderr, flush=True)
-    interactive = sys.stdin is not None and sys.stdin.isatty()
+    interactive = questions is None and sys.stdin is not None and sys.stdin.isatty()
     if interactive:
         print(
             "chat: /help lists the commands; Ctrl-C stops an answer, Ctrl-D or /exit leaves",
@@ -93,7 +126,7 @@ def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) 
         args.n_predict,
         conversation,
         ignore_eos=getattr(args, "ignore_eos", False),
-        read_line=_line_reader(interactive),
+        read_line=from_file or _line_reader(interactive),
         prompt="> " if interactive else "",
         out=sys.stdout,
         err=sys.stderr,
@@ -102,7 +135,7 @@ def run_chat(args: argparse.Namespace, runtime: Any, system: str | None = None) 
 
 
 def run(args: argparse.Namespace, runtime: Any) -> int:
-    return run_chat(args, runtime)
+    return run_chat(args, runtime, questions=args.file)
 
 
 @hookimpl
