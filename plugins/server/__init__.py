@@ -27,6 +27,8 @@ _ROUTES = [
     ("/v1/health", "admin", "health", ("GET",), True),
     ("/v1/models", "admin", "models", ("GET",), False),
     ("/models", "admin", "models", ("GET",), False),
+    ("/models/load", "router", "models_load", ("POST",), False),
+    ("/models/unload", "router", "models_unload", ("POST",), False),
     ("/props", "admin", "props", ("GET",), False),
     ("/props", "admin", "update_props", ("POST",), False),
     ("/metrics", "admin", "metrics", ("GET",), False),
@@ -98,4 +100,3 @@ def tessera_register_commands(register: Callable[[Command], None]) -> None:
             run=_run,
         )
     )
-

@@ -1,4 +1,5 @@
-"""Server routes beside the OpenAI API: /health, /props (GET, and POST with --props),
+"""Server routes beside the OpenAI API: /health, /props (GET, and POST with --props;
+a router's GET /props without ?model= is its own, see router.py),
 /metrics, /tokenize, /detokenize, /v1/models and the slots (/slots, /slots/{id_slot}
 ?action=...); /slots and /metrics answer 501 when switched off (--no-slots, --no-metrics)."""
 
@@ -69,7 +70,12 @@ async def props(request: Request) -> Any:
     from tessera import __version__
     from tessera.cli.plugins_cmd import plugins_report
 
+    from .router import router_pool, router_props
+
     state = _state(request)
+    pool = router_pool(state)
+    if pool is not None and "model" not in request.query_params:
+        return JSONResponse(router_props(pool))
     served = await state.model_for(request)
     ctx = served.engine.ctx
     backend = served.model.backend

@@ -95,3 +95,9 @@ NATIVE_EMBEDDING = group(
 
 #: POST /props takes no field yet (as llama-server).
 PROPS_UPDATE: dict[str, Field] = {}
+
+#: POST /models/load and /models/unload (a router: --models-dir or several -m)
+ROUTER_MODEL = group(
+    Field("model", "string", "the model to load or unload (an id from GET /models)",
+          required=True),
+)  # fmt: skip

@@ -1,11 +1,13 @@
-"""A pool of many models for ``tessera serve --models-dir``: which models exist, which
-are loaded, and loading or unloading them on demand.
+"""A pool of many models for ``tessera serve --models-dir``: loading and unloading them
+on demand, as llama-server's router does.
 
-Requests name their model in the OpenAI ``model`` field. A model not loaded yet is
-loaded off the event loop (one load however many requests wait for it); when
-``models_max`` models are loaded already, the least recently used one that no request
-is using is unloaded first. A model is *in use* while a request that acquired it is
-still being answered (its asyncio task has not ended) or its slot engine has work.
+Requests name their model in the ``model`` field (GET routes: the ``?model=`` query
+parameter). A model not loaded yet is loaded off the event loop (one load however many
+requests wait for it), unless autoload is off (``--no-models-autoload``, or a request's
+``?autoload=false``): then it is refused until ``POST /models/load`` loads it. When
+``models_max`` models are loaded already (0: no limit), the least recently used one that
+no request is using is unloaded first. A model is *in use* while a request that acquired
+it is still being answered (its asyncio task has not ended) or its slot engine has work.
 """
 
 from __future__ import annotations
@@ -18,44 +20,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from tessera.contract.routes import ApiError
-from tessera.plugins.server.model_files import (
-    ModelFileInfo,
-    ModelFlags,
-    inspect_model,
-    scan_models_dir,
+from tessera.plugins.server.model_registry import (
+    STATES,
+    ModelEntry,
+    ModelRegistry,
+    router_status,
 )
 from tessera.plugins.server.state import ModelPool, ServedModel, describe_model
 
-#: The states of a registered model ("downloading" is a download's, see the web UI).
-STATES = ("on_disk", "loading", "loaded", "failed")
+__all__ = ["STATES", "ModelEntry", "MultiModelPool"]
 
 
-@attrs.define(eq=False)
-class ModelEntry:
-    """One model the pool knows: where it is, and whether it is loaded."""
-
-    name: str
-    path: Path
-    in_models_dir: bool  # found in the models directory: the only ones that may be deleted
-    state: str = "on_disk"
-    error: str | None = None
-    served: ServedModel | None = None
-    last_used: float = 0.0
-    users: set[Any] = attrs.field(factory=set)  # tasks of the requests that acquired it
-    loading: asyncio.Future | None = None
-    info: ModelFileInfo | None = None
-    info_key: tuple[int, int] = (0, 0)
-
-
-def _stat_key(path: Path) -> tuple[int, int]:
-    st = (path / "config.json" if path.is_dir() else path).stat()
-    return st.st_mtime_ns, st.st_size
-
-
-class MultiModelPool(ModelPool):
+class MultiModelPool(ModelRegistry, ModelPool):
     """Models from ``models_dir`` and explicit paths, at most ``models_max`` loaded."""
 
     def __init__(
@@ -64,69 +41,18 @@ class MultiModelPool(ModelPool):
         models_dir: Path | None = None,
         paths: Sequence[Path] = (),
         models_max: int = 4,
+        autoload: bool = True,
     ) -> None:
+        super().__init__(models_dir, paths)
         self.loader = loader
-        self.models_dir = models_dir.resolve() if models_dir is not None else None
-        self.models_max = max(1, models_max)
-        self.flags = ModelFlags.load(self.models_dir)
+        #: Most models loaded at once; 0 = no limit (llama-server's --models-max).
+        self.models_max = max(0, models_max)
+        #: Load a model a request names when it is not loaded (--models-autoload).
+        self.autoload = autoload
         #: Called on close (plugins stop their work here, e.g. downloads).
         self.on_close: list[Callable[[], None]] = []
-        self._entries: dict[str, ModelEntry] = {}
         self._started = False
-        for path in paths:
-            path = Path(path).resolve()
-            inside = self.models_dir is not None and path.parent == self.models_dir
-            self._add(ModelEntry(path.name, path, inside))
-        self.refresh()
-
-    def _add(self, entry: ModelEntry) -> None:
-        if entry.name in self._entries and self._entries[entry.name].path != entry.path:
-            from tessera.errors import TesseraError
-
-            raise TesseraError(
-                f"two models are named '{entry.name}' ({self._entries[entry.name].path} and "
-                f"{entry.path}); rename one of them"
-            )
-        self._entries.setdefault(entry.name, entry)
-
-    # -- the registry ---------------------------------------------------------------
-
-    def refresh(self) -> None:
-        """Pick up files added to the models directory and drop those gone from it."""
-        if self.models_dir is None:
-            return
-        found = scan_models_dir(self.models_dir)
-        for name, entry in list(self._entries.items()):
-            if entry.in_models_dir and name not in found and entry.state != "loaded":
-                del self._entries[name]
-        for name, path in found.items():
-            if name not in self._entries:
-                self._add(ModelEntry(name, path, True))
-
-    def entries(self) -> list[ModelEntry]:
-        self.refresh()
-        return list(self._entries.values())
-
-    def entry(self, name: str) -> ModelEntry:
-        """The model called ``name``; ApiError 404 naming the available ones."""
-        if name not in self._entries:
-            self.refresh()
-        if name not in self._entries:
-            available = ", ".join(sorted(self._entries)) or "none"
-            raise ApiError(
-                404,
-                f"model '{name}' is not served here; available models: {available}",
-                "model",
-                code="model_not_found",
-            )
-        return self._entries[name]
-
-    def info(self, entry: ModelEntry) -> ModelFileInfo:
-        """The file's header facts, read again only when the file changed (any thread)."""
-        key = _stat_key(entry.path)
-        if entry.info is None or entry.info_key != key:
-            entry.info, entry.info_key = inspect_model(entry.path), key
-        return entry.info
+        self._loads: set[asyncio.Task] = set()  # running loads (held: tasks are weakly kept)
 
     def summary(self, entry: ModelEntry) -> dict[str, Any]:
         """What the Models Manager shows of a model (reads its header: not on the loop)."""
@@ -149,8 +75,17 @@ class MultiModelPool(ModelPool):
 
     # -- ModelPool --------------------------------------------------------------------
 
-    async def acquire(self, name: str | None) -> ServedModel:
+    async def acquire(self, name: str | None, autoload: bool | None = None) -> ServedModel:
         entry = self._default() if name is None else self.entry(name)
+        if entry.served is None and entry.loading is None:
+            if not (self.autoload if autoload is None else autoload):
+                raise ApiError(
+                    400,
+                    f"model '{entry.name}' is not loaded and this request does not load it "
+                    "(--no-models-autoload or ?autoload=false); load it with POST /models/load "
+                    "first",
+                    "model",
+                )
         task = asyncio.current_task()
         if task is not None:
             entry.users.add(task)
@@ -182,7 +117,8 @@ class MultiModelPool(ModelPool):
                 item = describe_model(e.served)
             else:
                 item = {"id": e.name, "object": "model", "created": 0, "owned_by": "tessera"}
-            item["status"] = {"value": e.state, **({"error": e.error} if e.error else {})}
+            item["status"] = router_status(e)
+            item["architecture"] = {"input_modalities": ["text"], "output_modalities": ["text"]}
             out.append(item)
         return out
 
@@ -216,31 +152,39 @@ class MultiModelPool(ModelPool):
         """The loaded model of ``entry``, loading it first (once for all who wait)."""
         if entry.served is not None:
             return entry.served
+        return await asyncio.shield(self.begin_load(entry))
+
+    def begin_load(self, entry: ModelEntry) -> asyncio.Future:
+        """Start loading ``entry`` (on a worker thread) unless it is loading already; the
+        future of its load. ApiError 503 when every loaded model is in use."""
         if entry.loading is None:
             self._make_room(entry)
             entry.loading = asyncio.get_running_loop().create_future()
             entry.state, entry.error = "loading", None
-            try:
-                served = await asyncio.to_thread(self.loader, entry.name, entry.path)
-            except Exception as exc:  # any load failure is reported on the model's row
-                entry.state, entry.error = "failed", str(exc)
-                entry.loading.set_exception(
-                    ApiError(500, f"cannot load model '{entry.name}': {exc}", "model")
-                )
-            else:
-                if self._started:
-                    served.engine.start()
-                entry.served, entry.state = served, "loaded"
-                entry.loading.set_result(served)
-            loading, entry.loading = entry.loading, None
-            loading.exception()  # retrieved: no "never retrieved" warning without waiters
-            return await loading
-        return await asyncio.shield(entry.loading)
+            task = asyncio.get_running_loop().create_task(self._load(entry, entry.loading))
+            self._loads.add(task)
+            task.add_done_callback(self._loads.discard)
+        return entry.loading
+
+    async def _load(self, entry: ModelEntry, done: asyncio.Future) -> None:
+        try:
+            served = await asyncio.to_thread(self.loader, entry.name, entry.path)
+        except Exception as exc:  # any load failure is reported on the model's row
+            entry.state, entry.error = "failed", str(exc)
+            done.set_exception(ApiError(500, f"cannot load model '{entry.name}': {exc}", "model"))
+            done.exception()  # retrieved: no "never retrieved" warning without waiters
+        else:
+            if self._started:
+                served.engine.start()
+            entry.served, entry.state = served, "loaded"
+            entry.last_used = time.monotonic()  # a load is a use: the newest is not the first out
+            done.set_result(served)
+        entry.loading = None
 
     def _make_room(self, entry: ModelEntry) -> None:
         """Unload least recently used models until one more fits under ``models_max``."""
         held = [e for e in self._entries.values() if e.served is not None or e.loading is not None]
-        while len(held) >= self.models_max:
+        while self.models_max and len(held) >= self.models_max:
             idle = [e for e in held if e.served is not None and not self.busy(e)]
             if not idle:
                 raise ApiError(

@@ -185,6 +185,14 @@ OPERATIONS: dict[str, dict[str, Any]] = {
     "health": operation("200 when every engine serves; 503 with the reason", _obj("status")),
     "models": operation("the served models", _obj("object", "data", data=_LIST)),
     "props": operation("the server's settings and paths", {"type": "object"}),
+    "models_load": operation(
+        "a router's model starts loading (--models-dir or several -m)", _obj("success"),
+        native.ROUTER_MODEL, error_schema=NATIVE_ERROR,
+    ),
+    "models_unload": operation(
+        "a router's model is unloaded", _obj("success"), native.ROUTER_MODEL,
+        error_schema=NATIVE_ERROR,
+    ),
     "metrics": operation(
         "Prometheus metrics", _STRING, more_ok={"text/plain": {"schema": _STRING}}
     ),

@@ -50,6 +50,7 @@ def build_state(args: argparse.Namespace, runtime: Any) -> ServerState:
             models_dir,
             [Path(p) for p in paths],
             args.models_max,
+            args.models_autoload,
         )
     else:
         pool = SingleModelPool(load_served(args, runtime, settings, paths[0] if paths else None))

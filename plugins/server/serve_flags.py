@@ -42,7 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--models-max",
         type=int,
         default=4,
-        help="models loaded at once with --models-dir or several -m (least recently used out)",
+        help="models loaded at once with --models-dir or several -m (least recently used "
+        "out; 0 = no limit)",
+    )
+    g.add_argument(
+        "--models-autoload",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load a model a request names when it is not loaded (default: yes; off: such a "
+        "request is refused until POST /models/load loads it)",
     )
     g.add_argument(
         "--host",

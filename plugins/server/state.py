@@ -107,8 +107,10 @@ class ModelPool(ABC):
     and unload models on demand."""
 
     @abstractmethod
-    async def acquire(self, name: str | None) -> ServedModel:
-        """The model a request names (None: the default); ApiError 404 if none."""
+    async def acquire(self, name: str | None, autoload: bool | None = None) -> ServedModel:
+        """The model a request names (None: the default); ApiError 404 if none. A pool
+        that loads models on demand refuses one not loaded when ``autoload`` is False
+        (None: the server's --models-autoload)."""
 
     @abstractmethod
     def served(self) -> list[ServedModel]:
@@ -150,7 +152,7 @@ class SingleModelPool(ModelPool):
     def __init__(self, model: ServedModel) -> None:
         self.model = model
 
-    async def acquire(self, name: str | None) -> ServedModel:
+    async def acquire(self, name: str | None, autoload: bool | None = None) -> ServedModel:
         return self.model
 
     def served(self) -> list[ServedModel]:
@@ -177,8 +179,11 @@ class ServerState:
 
     async def model_for(self, request: Any, name: str | None = None) -> ServedModel:
         """The model a request is for: ``name`` (the body's ``model``), else the
-        ``?model=`` query parameter, else the default."""
-        return await self.pool.acquire(name or request.query_params.get("model"))
+        ``?model=`` query parameter, else the default; loaded on demand unless
+        ``?autoload=false`` (or --no-models-autoload without ``?autoload=true``)."""
+        autoload = request.query_params.get("autoload")
+        wanted = None if autoload is None else autoload in ("true", "1")
+        return await self.pool.acquire(name or request.query_params.get("model"), wanted)
 
 
 def engine_problem(state: ServerState) -> str | None:

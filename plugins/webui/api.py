@@ -113,7 +113,8 @@ async def model_info(request: Request) -> Any:
 
 async def load(request: Request) -> Any:
     pool, entry, _ = await _entry(request)
-    await pool.acquire(entry.name)  # counts as a use: the model becomes most recently used
+    # counts as a use (the model becomes most recently used); loads even without autoload
+    await pool.acquire(entry.name, autoload=True)
     return await _summary(pool, entry)
 
 

@@ -32,7 +32,7 @@ def test_v1_models_lists_every_model_with_its_state(server):
     assert status == 200
     ids = {m["id"]: m for m in body["data"]}
     assert set(ids) == set(MODELS) | {"tessera-default.gguf"}
-    assert all(m["status"]["value"] == "on_disk" for m in ids.values())
+    assert all(m["status"] == {"value": "unloaded"} for m in ids.values())
     assert _chat(server, "alpha.gguf")[0] == 200
     ids = {m["id"]: m for m in call(server.v1 + "/models")[1]["data"]}
     assert ids["alpha.gguf"]["status"]["value"] == "loaded"
