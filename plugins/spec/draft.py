@@ -80,7 +80,8 @@ class DraftModelDecoder(SpecDecoder):
                 "model with the target's vocabulary)"
             )
         backend = params.backend or target.backend.name
-        self.model = load_model(path, runtime, backend, dtype=target.backend.dtype)
+        # a bar on a terminal's stderr, as the target's load draws one
+        self.model = load_model(path, runtime, backend, dtype=target.backend.dtype, progress=True)
         check_vocab(target, self.model)
         p = ctx.params
         self.ctx = Context(
