@@ -3,10 +3,11 @@
 Each stores one value per "block", little-endian. BF16 is the top half of an IEEE float32,
 rounded to nearest-even, with NaNs forced to quiet NaNs, exactly as ggml's
 ``ggml_compute_fp32_to_bf16`` does. A float weight is already in a form every backend
-multiplies directly: the backend converts it once to its compute dtype when loading, except
-on the torch CPU backend for an F16/BF16 matrix in the compute dtype itself, which the
-weight kernel here keeps as a tensor over the file's bytes (no copy, nothing converted at
-load; its decode matmuls read those bytes through the native dense GEMV).
+multiplies directly: the backend converts it once to its compute dtype when loading. On the
+torch CPU backend the weight kernel here takes an F16/BF16 matrix from the file's bytes:
+in the compute dtype itself as a tensor over those bytes (no copy, nothing converted at
+load; its decode matmuls read them through the native dense GEMV), in another dtype
+converted once in torch, without numpy's float32 copy.
 """
 
 from __future__ import annotations
@@ -66,23 +67,37 @@ BF16 = QuantType("BF16", int(GGMLQuantizationType.BF16), 1, 2, quantize_bf16, de
 
 #: The torch backend's compute dtype that each 16-bit type is stored in already.
 IN_PLACE_DTYPES = {"F16": "f16", "BF16": "bf16"}
+#: Each 16-bit type's values as torch reads them (the view dtype of the file's bytes).
+TORCH_VIEW_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
+#: Compute dtypes the file's 16-bit values are converted into in torch (one rounding).
+CONVERTED_DTYPES = ("bf16", "f16", "f32")
 
 
 def in_place_kernel(name: str) -> WeightKernel:
-    """The torch kernel of ``name`` (``"F16"`` / ``"BF16"``): a CPU backend computing in that
-    very dtype takes a 2-D weight as a view of the memory-mapped file (read-only: ops only
-    read weights); any other backend declines and converts the values at load."""
+    """The torch kernel of ``name`` (``"F16"`` / ``"BF16"``) on a CPU backend.
+
+    In the very dtype of the file a 2-D weight is a view of the memory-mapped file
+    (read-only: ops only read weights). In another float dtype the values are converted
+    once in torch straight from the file's bytes, which is what numpy's float32 detour
+    gives bit for bit (16-bit to float32 is exact) at a fraction of the start-up time;
+    ``TESSERA_DISABLE_KERNELS=F16`` (or ``BF16``) converts through numpy instead. Other
+    devices decline and convert the values at load."""
 
     def supports(backend: Any) -> bool:
         device = getattr(backend, "torch_device", None)
-        on_cpu = device is not None and device.type == "cpu"
-        return on_cpu and backend.dtype == IN_PLACE_DTYPES[name]
+        return device is not None and device.type == "cpu" and backend.dtype in CONVERTED_DTYPES
 
     def load(backend: Any, raw: Any) -> Any:
-        rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
-        return file_bytes_tensor(rows).view(backend.torch_dtype)
+        import torch
 
-    return WeightKernel("torch", name, supports, load, "the file's 16-bit values in place")
+        rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
+        values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
+        if backend.dtype == IN_PLACE_DTYPES[name]:
+            return values
+        return values.to(backend.torch_dtype)
+
+    description = "the file's 16-bit values in place (or converted once in torch)"
+    return WeightKernel("torch", name, supports, load, description)
 
 
 @hookimpl

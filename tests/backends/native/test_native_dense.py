@@ -158,12 +158,14 @@ def test_a_bf16_file_in_bf16_is_its_bytes_and_decodes_natively(native, monkeypat
 
 
 def test_f16_files_in_bf16_decode_on_the_bf16_copy(native, monkeypatch):
-    """An F16 weight in a bf16 backend is converted at load (as before) and its decode
-    matmuls take the GEMV on that copy; in an f16 backend it stays the file's bytes."""
+    """An F16 weight in a bf16 backend is converted at load (in torch, by the F16 kernel)
+    and its decode matmuls take the GEMV on that copy; in an f16 backend it stays the
+    file's bytes."""
     raw, qt, _ = raw_tensor("F16")
     b = backend()
     w = b.load_weight(raw, qt)
-    assert w.dtype == torch.bfloat16 and b.placements[-1][1].startswith("dequantize")
+    assert w.dtype == torch.bfloat16 and b.placements[-1][1] == "kernel F16"
+    assert w.data_ptr() != raw.data.ctypes.data
     h = backend("f16")
     wh = h.load_weight(raw, qt)
     calls = []

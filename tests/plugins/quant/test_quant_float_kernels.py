@@ -1,0 +1,66 @@
+"""The F16/BF16 torch kernel on the CPU: a view of the file's bytes in the file's own dtype,
+and in any other compute dtype the values numpy's float32 detour gives, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tessera.files.gguf import RawTensor
+from tessera.plugin_manager import Runtime
+
+RUNTIME = Runtime()
+TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+def backend(dtype):
+    b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
+    b.use_kernels(RUNTIME.weight_kernels())
+    return b
+
+
+def raw_weight(kind):
+    """Random values plus the edges a conversion can get wrong: signed zeros, infinities,
+    a NaN, float16 subnormals and values halfway between two bf16 neighbours."""
+    qt = RUNTIME.quant_type_by_name(kind)
+    values = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 3
+    values[0, :8] = [0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -3e-5, 65504.0]
+    values[1] = 1.0 + np.arange(64, dtype=np.float32) * 2.0**-8  # bf16 ties (8 bits kept)
+    return RawTensor("blk.0.ffn_up.weight", qt.ggml_type, values.shape, qt.quantize_tensor(values))
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_kernel_weight_equals_the_numpy_conversion(kind, dtype):
+    raw = raw_weight(kind)
+    qt = RUNTIME.quant_type_by_name(kind)
+    b = backend(dtype)
+    w = b.load_weight(raw, qt)
+    assert b.placements[-1][1] == f"kernel {kind}"
+    want = torch.from_numpy(qt.dequantize_tensor(raw.data, raw.shape)).to(TORCH_DTYPES[dtype])
+    assert w.dtype == want.dtype and w.shape == want.shape
+    # bit for bit but for NaNs, which stay NaNs (their payload is not kept by either path)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(w), nan)
+    bits = torch.int16 if w.element_size() == 2 else torch.int32
+    assert torch.equal(w.view(bits)[~nan], want.view(bits)[~nan])
+    in_place = {"F16": "f16", "BF16": "bf16"}[kind] == dtype
+    assert (w.data_ptr() == raw.data.ctypes.data) == in_place
+
+
+@pytest.mark.parametrize("kind", ["F16", "BF16"])
+def test_disabling_the_kernel_converts_through_numpy(kind, monkeypatch):
+    monkeypatch.setenv("TESSERA_DISABLE_KERNELS", kind)
+    raw = raw_weight(kind)
+    qt = RUNTIME.quant_type_by_name(kind)
+    b = backend("f32")
+    w = b.load_weight(raw, qt)
+    assert b.placements[-1][1] == f"dequantize {kind}->f32"
+    want = qt.dequantize_tensor(raw.data, raw.shape)
+    np.testing.assert_array_equal(w.numpy(), want)
+
+
+def test_other_devices_decline():
+    kernel = RUNTIME.weight_kernels()[("torch", "F16")]
+    assert not kernel.supports(RUNTIME.create_backend("numpy"))
