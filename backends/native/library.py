@@ -1,12 +1,15 @@
 """The native kernels' C library: compiled from ``native_gemv.c``, ``native_amx.c`` and the
-block types' ``native_q*.c`` (:data:`SOURCES`), cached, run once in a child process, and
-loaded with ctypes as a
+block types' ``native_q*.c`` (:data:`SOURCES`), with the grid types' tables generated from
+``gguf.quants`` into a header at build time (:mod:`~tessera.backends.native.iq_tables`),
+cached, run once in a child process, and loaded with ctypes as a
 :class:`~tessera.backends.native.kernels.NativeGemv`.
 
 The library is compiled with the system C compiler (``$CC``, default ``cc``) into
 ``$XDG_CACHE_HOME/tessera/native/<hash>.so`` (default ``~/.cache``), keyed by the source,
 the compiler's version, the flags and the CPU's flags; it is written under a temporary
 name and renamed, so concurrent processes and crashes never leave a half-written library.
+The generated header's text is part of the key; it is written next to the temporary
+library for the compiler (``-I``) and removed with it.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tessera.backends.native import iq_tables
 from tessera.backends.native.attention_kv import declare_attention_kv
 from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
@@ -33,9 +37,9 @@ SOURCES = tuple(
     _HERE / name
     for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
     + ("native_qdot_k.c", "native_qdot_low.c", "native_qdequant.c", "native_dense_gemv.c")
-    + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c")
+    + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c", "native_qdot_iq.c")
 )
-HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h")
+HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_iq.h")
 NATIVE_AMX_DISABLE = Switch(
     "TESSERA_NATIVE_AMX_DISABLE",
     "Q4_0/Q8_0 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off the AMX "
@@ -82,7 +86,7 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
         [cc, "--version"], capture_output=True, text=True, timeout=60, check=True
     ).stdout
     key = hashlib.sha256()
-    parts = (p.read_bytes() for p in SOURCES + HEADERS)
+    parts = [p.read_bytes() for p in SOURCES + HEADERS] + [iq_tables.header_text().encode()]
     for part in (*parts, version.encode(), " ".join(flags).encode()):
         key.update(part)
     key.update(" ".join(sorted(cpu_flags())).encode())
@@ -90,11 +94,11 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work:
+        tmp = os.path.join(work, "gemv.so")
+        iq_tables.write_header(Path(work))
         done = subprocess.run(
-            [cc, *flags, "-o", tmp, *map(str, SOURCES)],
+            [cc, *flags, f"-I{work}", "-o", tmp, *map(str, SOURCES)],
             capture_output=True,
             text=True,
             timeout=300,
@@ -102,9 +106,6 @@ def build(cc: str | None = None, flags: tuple[str, ...] = CFLAGS) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-500:]}")
         os.replace(tmp, target)  # atomic: readers see no library or a whole one
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target
 
 
@@ -140,7 +141,7 @@ lib.tsr_gemv_quant.argtypes += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
 lib.tsr_gemv_quant.argtypes += [ctypes.c_int, ctypes.c_int]
 lib.tsr_dequant_quant.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 lib.tsr_dequant_quant.argtypes += [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-for t in (3, 6, 7, 10, 11, 12, 13, 14, 20, 23, 34, 35, 39, 40):
+for t in (3, 6, 7, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39, 40):
     assert lib.tsr_gemv_quant(t, 1, ws, n_outs, None, 256, x, 1, y, 0, 2)
     assert lib.tsr_dequant_quant(t, w, 1, 256, x, 1, 2)
 lib.tsr_gemv_dense.argtypes = lib.tsr_gemv_quant.argtypes

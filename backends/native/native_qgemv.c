@@ -1,4 +1,5 @@
-/* Decode matmuls and prefill dequantization for the block types of native_quant.h, chosen
+/* Decode matmuls and prefill dequantization for the block types of native_quant.h (the grid
+ * types' kernels in native_qdot_iq.c), chosen
  * by their GGML type number: the activation rows quantized once, the weight rows (of one or
  * several weights that read the same activations) spread over the threads, each row's dot
  * products from native_qdot_*.c, outputs rounded once to the caller's dtype.
@@ -31,6 +32,10 @@ static const quant_kind KINDS[] = {
     {35, 256, 66, tsr_dot_tq2_0, tsr_deq_tq2_0},    {39, 32, 17, tsr_dot_mxfp4, tsr_deq_mxfp4},
     {10, 256, 84, tsr_dot_q2_k, tsr_deq_q2_k},      {11, 256, 110, tsr_dot_q3_k, tsr_deq_q3_k},
     {34, 256, 54, tsr_dot_tq1_0, tsr_deq_tq1_0},    {40, 64, 36, tsr_dot_nvfp4, tsr_deq_nvfp4},
+    {16, 256, 66, tsr_dot_iq2_xxs, tsr_deq_iq2_xxs}, {17, 256, 74, tsr_dot_iq2_xs, tsr_deq_iq2_xs},
+    {22, 256, 82, tsr_dot_iq2_s, tsr_deq_iq2_s},     {18, 256, 98, tsr_dot_iq3_xxs, tsr_deq_iq3_xxs},
+    {21, 256, 110, tsr_dot_iq3_s, tsr_deq_iq3_s},    {19, 256, 50, tsr_dot_iq1_s, tsr_deq_iq1_s},
+    {29, 256, 56, tsr_dot_iq1_m, tsr_deq_iq1_m},
 };
 #define N_KINDS (int)(sizeof(KINDS) / sizeof(KINDS[0]))
 

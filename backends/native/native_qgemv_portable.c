@@ -6,6 +6,7 @@
  * (d = max|x| / 127, codes rounded to nearest even), each weight block unpacked to its
  * integer codes q with a scale and an offset per 16 values (w = dg * q + mg), every group
  * one integer dot product scaled in float32, the offsets through the activation sums.
+ * The grid types decode through native_iq.h (plain C too).
  * tsr_gemv_quant_portable takes tsr_gemv_quant's arguments; TESSERA_NATIVE_PATH=portable
  * routes the decode matmuls here.
  */
@@ -13,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "native_iq.h"
 
 #define PQK 32           /* values per activation block */
 #define PMAX_WEIGHTS 8   /* weights in one call, as tsr_gemv_quant */
@@ -189,6 +192,25 @@ static void unpack_q6_k(const uint8_t *b, int8_t *q, float *dg, float *mg) {
     for (int g = 0; g < 16; g++) dg[g] = d * (float)(int8_t)b[192 + g], mg[g] = 0.0f;
 }
 
+/* The grid types (native_iq.h): signed values, a scale per 16 (IQ1: times 1/8), no offsets. */
+static void unpack_iq(int type, const uint8_t *b, int8_t *q, float *dg, float *mg) {
+    iq_superblock s;
+    iq_decode(type, b, &s);
+    for (int r = 0; r < 32; r++)
+        for (int j = 0; j < 8; j++) q[8 * r + j] = iq_value(type, &s, r, j);
+    for (int g = 0; g < 16; g++) dg[g] = s.scale[g] * (iq_is_iq1(type) ? 0.125f : 1.0f), mg[g] = 0.0f;
+}
+
+#define UNPACK_IQ(name, type) \
+    static void unpack_##name(const uint8_t *b, int8_t *q, float *dg, float *mg) { unpack_iq(type, b, q, dg, mg); }
+UNPACK_IQ(iq2_xxs, IQ2_XXS)
+UNPACK_IQ(iq2_xs, IQ2_XS)
+UNPACK_IQ(iq2_s, IQ2_S)
+UNPACK_IQ(iq3_xxs, IQ3_XXS)
+UNPACK_IQ(iq3_s, IQ3_S)
+UNPACK_IQ(iq1_s, IQ1_S)
+UNPACK_IQ(iq1_m, IQ1_M)
+
 typedef struct {
     int ggml_type, block, type_size;
     unpack_fn unpack;
@@ -198,6 +220,9 @@ static const portable_kind PKINDS[] = {
     {8, 32, 34, unpack_q8_0},    {2, 32, 18, unpack_q4_0},    {3, 32, 20, unpack_q4_1},
     {6, 32, 22, unpack_q5_0},    {7, 32, 24, unpack_q5_1},    {20, 32, 18, unpack_iq4_nl},
     {12, 256, 144, unpack_q4_k}, {13, 256, 176, unpack_q5_k}, {14, 256, 210, unpack_q6_k},
+    {16, 256, 66, unpack_iq2_xxs}, {17, 256, 74, unpack_iq2_xs}, {22, 256, 82, unpack_iq2_s},
+    {18, 256, 98, unpack_iq3_xxs}, {21, 256, 110, unpack_iq3_s}, {19, 256, 50, unpack_iq1_s},
+    {29, 256, 56, unpack_iq1_m},
 };
 
 static const portable_kind *portable_kind_of(int ggml_type) {

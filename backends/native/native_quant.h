@@ -1,5 +1,5 @@
 /* The GGUF block types beyond Q4_0/Q8_0 (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
- * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 and the grid types of native_iq.h): what native_qgemv.c (the GEMV driver), native_qdot_*.c (one weight row times a
  * few activation rows) and native_qdequant.c (rows to float32) share: the quantized
  * activations and each type's codes unpacked into 32 bytes in activation order.
  *
@@ -51,6 +51,13 @@ TSR_DOT_DECL(q2_k)
 TSR_DOT_DECL(q3_k)
 TSR_DOT_DECL(tq1_0)
 TSR_DOT_DECL(nvfp4)
+TSR_DOT_DECL(iq2_xxs)
+TSR_DOT_DECL(iq2_xs)
+TSR_DOT_DECL(iq2_s)
+TSR_DOT_DECL(iq3_xxs)
+TSR_DOT_DECL(iq3_s)
+TSR_DOT_DECL(iq1_s)
+TSR_DOT_DECL(iq1_m)
 void tsr_deq_q4_1(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_0(const uint8_t *, int64_t, float *);
 void tsr_deq_q5_1(const uint8_t *, int64_t, float *);
@@ -65,6 +72,13 @@ void tsr_deq_q2_k(const uint8_t *, int64_t, float *);
 void tsr_deq_q3_k(const uint8_t *, int64_t, float *);
 void tsr_deq_tq1_0(const uint8_t *, int64_t, float *);
 void tsr_deq_nvfp4(const uint8_t *, int64_t, float *);
+void tsr_deq_iq2_xxs(const uint8_t *, int64_t, float *);
+void tsr_deq_iq2_xs(const uint8_t *, int64_t, float *);
+void tsr_deq_iq2_s(const uint8_t *, int64_t, float *);
+void tsr_deq_iq3_xxs(const uint8_t *, int64_t, float *);
+void tsr_deq_iq3_s(const uint8_t *, int64_t, float *);
+void tsr_deq_iq1_s(const uint8_t *, int64_t, float *);
+void tsr_deq_iq1_m(const uint8_t *, int64_t, float *);
 
 /* Expands a switch over mi = 1 .. QUANT_MI into calls of an always-inline kernel whose MI is
  * then a constant (its loops over activation rows unroll, accumulators stay in registers). */

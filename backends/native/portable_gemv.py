@@ -13,7 +13,8 @@ from typing import Any
 #: GGML type numbers of the block types the portable GEMV multiplies.
 PORTABLE_TYPES = {
     "Q8_0": 8, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "IQ4_NL": 20, "Q4_K": 12,
-    "Q5_K": 13, "Q6_K": 14,
+    "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_XXS": 18,
+    "IQ3_S": 21, "IQ1_S": 19, "IQ1_M": 29,
 }  # fmt: skip
 #: Weights in one call (PMAX_WEIGHTS in the C file).
 MAX_PORTABLE_WEIGHTS = 8

@@ -6,7 +6,8 @@ RMSNorm within one rounding of the output dtype, RoPE and the dequantizations bi
 attention within the output dtype's rounding of a float64 reference
 (:func:`attention_reference`); :func:`tiles_ok` checks the AMX matmuls. The other block
 types (:data:`~tessera.backends.native.typed_gemv.GGML_TYPES`) are checked on random block
-bytes (:func:`random_blocks`: every code and scale byte random, the float16 fields finite).
+bytes (:func:`random_blocks`: every code and scale byte random, the float16 fields finite),
+the grid types among them on gguf's dequantization of those bytes.
 """
 
 from __future__ import annotations
@@ -20,12 +21,18 @@ from tessera.backends.native.kernels import NativeGemv, RowLists
 from tessera.backends.native.typed_gemv import GGML_TYPES
 
 #: Byte offsets of the float16 fields (scales, mins) in a block of each type (MXFP4's
-#: scale is the E8M0 byte 0, NVFP4's are UE4M3 bytes: every byte is a finite scale).
+#: scale is the E8M0 byte 0, NVFP4's are UE4M3 bytes: every byte is a finite scale; IQ1_M's
+#: d is the top nibbles of its four scale words, :data:`IQ1_M_SCALES`).
 F16_FIELDS = {
     "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,), "IQ4_XS": (0,),
     "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "TQ2_0": (64,), "MXFP4": (),
     "Q2_K": (80, 82), "Q3_K": (108,), "TQ1_0": (52,), "NVFP4": (),
+    "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+    "IQ1_S": (0,), "IQ1_M": (),
 }  # fmt: skip
+#: Where IQ1_M's four uint16 scale words start; nibble k of its float16 d is the top
+#: nibble of word k.
+IQ1_M_SCALES = 48
 
 
 def error_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -68,6 +75,12 @@ def random_blocks(kind: str, n_out: int, n_in: int, rng: np.random.Generator) ->
     blocks = raw.reshape(n_out, -1, size)
     if kind == "MXFP4":
         blocks[:, :, 0] = rng.integers(118, 132, blocks.shape[:2])
+    if kind == "IQ1_M":
+        d = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2").view("<u2")
+        words = blocks[:, :, IQ1_M_SCALES : IQ1_M_SCALES + 8].copy().view("<u2")
+        for k in range(4):
+            words[..., k] = (words[..., k] & 0x0FFF) | ((d >> 4 * k) & 15) << 12
+        blocks[:, :, IQ1_M_SCALES : IQ1_M_SCALES + 8] = words.view(np.uint8)
     for at in F16_FIELDS[kind]:
         scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at : at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)

@@ -1,6 +1,7 @@
 """Native decode matmuls and prefill dequantization of the block types other than Q4_0/Q8_0
 (``native_qgemv.c``: Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K,
-Q6_K, TQ1_0, TQ2_0), as methods that
+Q6_K, TQ1_0, TQ2_0 and the grid types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M),
+as methods that
 :class:`~tessera.backends.native.kernels.NativeGemv` inherits.
 
 The C side takes a weight's GGML type number: the activation rows are rounded to int8
@@ -18,7 +19,11 @@ from typing import Any
 GGML_TYPES = {
     "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ4_NL": 20,
     "IQ4_XS": 23, "TQ2_0": 35, "MXFP4": 39, "Q2_K": 10, "Q3_K": 11, "TQ1_0": 34, "NVFP4": 40,
+    "IQ2_XXS": 16, "IQ2_XS": 17, "IQ2_S": 22, "IQ3_XXS": 18, "IQ3_S": 21, "IQ1_S": 19,
+    "IQ1_M": 29,
 }  # fmt: skip
+#: The grid types among them (``native_qdot_iq.c``; tessera reads but does not write them).
+GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 #: Weights in one :meth:`TypedGemv.gemv_typed` call (QUANT_MAX_WEIGHTS in the C file).
 MAX_TYPED_WEIGHTS = 8
 #: Values of the largest dequantized weight :meth:`TypedGemv.dequantize_scratch` keeps a

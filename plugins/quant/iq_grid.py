@@ -29,6 +29,10 @@ copied here. Layouts (bytes; ``g`` is a group of 32):
 llama.cpp makes these types from an importance matrix (IQ1_S, IQ2_XXS and IQ2_XS cannot
 be made without one), which tessera does not compute, so their ``quantize`` raises
 :class:`~tessera.errors.TesseraError` and the types are ``read_only``.
+
+On the torch backend the weights stay as the file's block bytes where the native kernels
+serve them (:func:`~tessera.plugins.quant.native_weight.with_native`: int8 dot products for
+decode, native dequantization for prefill); elsewhere they are dequantized at load.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from tessera.contract.quant import QuantType
 from tessera.errors import TesseraError
 from tessera.hookspecs import hookimpl
 from tessera.plugins.quant.kquant_common import F32, QK_K
+from tessera.plugins.quant.native_weight import with_native
 
 TESSERA_PLUGIN_API = 2
 
@@ -240,3 +245,9 @@ GRID_TYPES = [
 def tessera_register_quant_types(register):
     for qtype in GRID_TYPES:
         register(qtype)
+
+
+@hookimpl
+def tessera_register_weight_kernels(register):
+    for qtype in GRID_TYPES:
+        register(with_native(qtype, None))
