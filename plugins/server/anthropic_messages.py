@@ -3,7 +3,8 @@
 A Messages request is turned into the chat completion it means (system prompt first,
 content blocks as text, tool_use and tool_result blocks as OpenAI's tool calls and tool
 messages) and runs through ``/v1/chat/completions``' machinery: the chat plugin's
-ChatSession (template, reasoning, tool calls), the slot engine, stop strings. The answer is
+ChatSession (template, reasoning, tool calls), the slot engine, stop strings; tool_choice
+``any`` and ``tool`` force a tool call by the tool-call constraint. The answer is
 Anthropic's message of content blocks (``thinking``, ``text``, ``tool_use``); errors on
 these routes have Anthropic's shape.
 """
@@ -24,6 +25,7 @@ from .anthropic_stream import events
 from .api_fields import CHAT
 from .api_fields_anthropic import ANTHROPIC_MESSAGES, ANTHROPIC_PROMPT
 from .chat_completions import chat_session, prompt_tokens
+from .constraint_request import forced_tool_call
 from .content_parts import no_encoder
 from .fields import Fields, read_json
 from .generation import ChoiceRun, run_all, start_runs
@@ -207,7 +209,14 @@ async def anthropic_messages(request: Request) -> Any:
     served = await state.model_for(request, f["model"])
     session = chat_session(served, chat)
     prompt = prompt_tokens(served, session.prompt())
-    requests = await generation_requests(chat, served, prompt, samplers, f["max_tokens"], -1)
+    # tool_choice any / tool force a call by constraint, as OpenAI's required / named do
+    syntax = session.format.tool_syntax
+    tool_call = forced_tool_call(
+        chat["tools"], chat["tool_choice"], syntax.name if syntax else None
+    )
+    requests = await generation_requests(
+        chat, served, prompt, samplers, f["max_tokens"], -1, tool_call=tool_call
+    )
     (run,) = start_runs(served, requests, chat["stop"])
     head = {"id": new_id("msg"), "type": "message", "role": "assistant", "model": served.name}
     if f["stream"]:

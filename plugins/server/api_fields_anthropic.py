@@ -30,7 +30,8 @@ ANTHROPIC_PROMPT = group(
     Field("system", "any", "the system prompt: text or text blocks", schema=_TEXT_BLOCKS),
     Field("tools", "any", "tools the model may use: {name, description, input_schema}",
           schema={"type": "array", "items": _ANTHROPIC_TOOL}),
-    Field("tool_choice", "any", "{type: auto | any | tool | none, name}", schema={
+    Field("tool_choice", "any", "{type: auto | any | tool | none, name}; any and tool force "
+          "a call by constraint", schema={
         "type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
             "name": {"type": "string"}}}),
