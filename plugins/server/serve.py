@@ -19,6 +19,7 @@ from tessera.plugins.cmd.model_summary import model_summary
 from tessera.plugins.server.state import ServedModel, ServerSettings, ServerState, SingleModelPool
 
 from .serve_flags import add_arguments, server_settings
+from .start_line import start_lines
 from .watchdog import EXIT_UNHEALTHY, Watchdog
 
 __all__ = ["add_arguments", "bind", "build_app", "build_state", "run", "server"]
@@ -221,8 +222,8 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
     state = build_state(args, runtime)
     app = build_app(state, runtime)
     names = ", ".join(m.name for m in state.pool.served()) or args.models_dir or "models"
-    where = ", ".join(address(s) for s in socks)
-    print(f"tessera serve: {where} ({names})", file=sys.stderr, flush=True)
+    for line in start_lines([address(s) for s in socks], names, runtime.routes()):
+        print(line, file=sys.stderr, flush=True)
     srv = server(app, args.shutdown_timeout, state)
     watchdog = Watchdog(state, srv)
     threading.Thread(target=watchdog.watch, name="tessera-watchdog", daemon=True).start()
