@@ -1,16 +1,23 @@
-"""Load test of ``tessera serve`` with 1, 4 and 8 concurrent streaming clients (docs/server.md).
+"""Load test of ``tessera serve``, alone or side by side with llama.cpp's ``llama-server``
+on the same GGUF (docs/server.md).
 
-Starts the server as a subprocess on a free loopback port, then for each client count
-runs a bounded number of streamed completions (the official ``openai`` client, one thread
-per client) and reports requests/s, output tokens/s, time to first token and
-inter-token latency (p50/p95), and failed requests. Every request asks for exactly
-``--max-tokens`` tokens (``ignore_eos``) so that runs compare like with like.
+Starts the server(s) as subprocesses on free loopback ports with the same slots, threads,
+batch sizes and attention setting, warms each up with one request per slot, then for each
+client count runs a bounded number of streamed completions on each server in turn (the
+order alternates from one client count to the next, so a drift in machine load hits
+both). Every request is greedy and asks for exactly ``--max-tokens`` tokens
+(``ignore_eos``), with the prompt cache off; a server that reports another token count
+fails the request. Reports per server: output tokens/s, time to first token and
+inter-token latency (p50/p95) and failed requests, and with llama-server the ratios
+tessera/llama-server of tokens/s and of TTFT p95.
 
     .venv/bin/python bench/server_load.py --model default --clients 1,4,8 --requests 24
-    .venv/bin/python bench/server_load.py --model qwen2.5-0.5b-shape --max-tokens 32
+    .venv/bin/python bench/server_load.py --model /tmp/perfwork/qwen2-0.5b-v151936-Q4_0.gguf \\
+        --llama-server /tmp/llama-build/bin/llama-server -t 2
 
 ``--model``: ``default`` (the bundled model), ``qwen2.5-0.5b-shape`` (random weights,
-Qwen2.5-0.5B's sizes) or a GGUF path.
+Qwen2.5-0.5B's sizes) or a GGUF path. The servers are in bench/server_load_servers.py,
+the clients in bench/server_load_client.py, the tables in bench/server_load_stats.py.
 """
 
 from __future__ import annotations
@@ -18,197 +25,53 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import threading
-import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 from batched_bench_rows import model_path  # noqa: E402 (bench/ is the script's directory)
+from server_load_client import run_level
+from server_load_servers import (
+    ServerFlags,
+    cpu_model,
+    llama_server_version,
+    per_slot_ctx,
+    start_llama_server,
+    start_tessera,
+    tessera_version,
+)
+from server_load_stats import engine_table, scaling_lines, side_by_side
 
 from tessera.plugin_manager import Runtime
 
-PROMPTS = [
-    "Once upon a time there was a little dog who",
-    "The sun came up over the hills and the children",
-    "In the morning the old man walked to the",
-    "She opened the box and found a",
-    "The function returns a list of the",
-    "After the rain stopped, the birds",
-    "He wrote a letter to his friend about the",
-    "The little cat was afraid of the",
-]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
-def start_server(path: Path, n_slots: int, n_ctx: int, extra: list[str]) -> tuple[Any, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "tessera", "serve", "-m", str(path), "--port", str(port)]
-    cmd += ["-np", str(n_slots), "-c", str(n_ctx), *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5):
-                return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start: " + proc.stderr.read()) from None
-            time.sleep(0.2)
-
-
-def one_request_raw(url: str, prompt: str, max_tokens: int) -> dict:
-    """The same request over http.client, reading SSE lines by hand: a light client, so
-    the client process takes less of the cores the server needs."""
-    import http.client
-    from urllib.parse import urlparse
-
-    u = urlparse(url)
-    body = json.dumps(
-        {
-            "prompt": prompt,
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-    )
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    times: list[float] = []
-    n_tokens = 0
-    for line in resp:
-        if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-            continue
-        chunk = json.loads(line[6:])
-        if chunk["choices"] and chunk["choices"][0]["text"]:
-            times.append(time.perf_counter())
-        if chunk.get("usage"):
-            n_tokens = chunk["usage"]["completion_tokens"]
-    conn.close()
-    return {
-        "ttft": times[0] - t0 if times else float("nan"),
-        "itl": [b - a for a, b in zip(times, times[1:], strict=False)],
-        "n_tokens": n_tokens,
-        "t": time.perf_counter() - t0,
-    }
-
-
-def one_request(client, prompt: str, max_tokens: int) -> dict:
-    t0 = time.perf_counter()
-    times: list[float] = []
-    stream = client.completions.create(
-        model="bench",
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    )
-    n_tokens = 0
-    for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            times.append(time.perf_counter())
-        if chunk.usage is not None:
-            n_tokens = chunk.usage.completion_tokens
-    return {
-        "ttft": times[0] - t0 if times else float("nan"),
-        "itl": [b - a for a, b in zip(times, times[1:], strict=False)],
-        "n_tokens": n_tokens,
-        "t": time.perf_counter() - t0,
-    }
-
-
-def run_level(
-    url: str, n_clients: int, n_requests: int, max_tokens: int, duration: float, kind: str
-):
-    from openai import OpenAI
-
-    client = OpenAI(base_url=url + "/v1", api_key="bench", max_retries=0, timeout=600)
-    lock = threading.Lock()
-    counter = iter(range(n_requests))
-    results: list[dict] = []
-    failures: list[str] = []
-    t_end = time.monotonic() + duration
-
-    def worker() -> None:
-        while time.monotonic() < t_end:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                return
-            try:
-                prompt = PROMPTS[i % len(PROMPTS)]
-                if kind == "openai":
-                    r = one_request(client, prompt, max_tokens)
-                else:
-                    r = one_request_raw(url, prompt, max_tokens)
-            except Exception as exc:  # counted, not raised: the report says how many
-                with lock:
-                    failures.append(f"{type(exc).__name__}: {exc}")
-                continue
-            with lock:
-                results.append(r)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(n_clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    ttft = [r["ttft"] for r in results]
-    itl = [x for r in results for x in r["itl"]]
-    n_out = sum(r["n_tokens"] for r in results)
-    return {
-        "clients": n_clients,
-        "requests": len(results),
-        "failed": len(failures),
-        "failures": failures[:3],
-        "wall_s": wall,
-        "req_per_s": len(results) / wall,
-        "out_tok_per_s": n_out / wall,
-        "ttft_p50_ms": _percentile(ttft, 0.5) * 1e3,
-        "ttft_p95_ms": _percentile(ttft, 0.95) * 1e3,
-        "itl_p50_ms": _percentile(itl, 0.5) * 1e3,
-        "itl_p95_ms": _percentile(itl, 0.95) * 1e3,
-    }
-
-
-def main() -> int:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/tessera-bench"))
-    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--clients", default="1,4,8,16", help="client counts, comma-separated")
     ap.add_argument("--requests", type=int, default=24, help="requests per client count")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    ap.add_argument("--prompt-words", type=int, default=0, help="prompt length (0: a sentence)")
     ap.add_argument("--duration", type=float, default=300, help="seconds per client count")
+    ap.add_argument("-np", "--parallel", type=int, default=0, help="slots (0: most clients)")
+    ap.add_argument(
+        "-c", "--ctx-size", type=int, default=0, help="tessera's -c (0: what the slots need)"
+    )
+    ap.add_argument("-t", "--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("-b", "--batch-size", type=int, default=2048)
+    ap.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    ap.add_argument("-fa", "--flash-attn", choices=["on", "off", "auto"], default="auto")
+    ap.add_argument("-ctk", "--cache-type-k", default=None, help="both servers' K cache type")
+    ap.add_argument("-ctv", "--cache-type-v", default=None, help="both servers' V cache type")
     ap.add_argument("--server-args", default="", help="extra flags for tessera serve")
+    ap.add_argument("--llama-server", type=Path, default=None, help="llama-server binary")
+    ap.add_argument(
+        "--llama-kvu",
+        action="store_true",
+        help="llama-server with one KV pool (-kvu -c as tessera); default: its -np default, "
+        "the pool split across the slots, -c scaled so that a slot holds as many tokens",
+    )
+    ap.add_argument("--llama-args", default="", help="extra flags for llama-server")
     ap.add_argument(
         "--client",
         choices=["raw", "openai"],
@@ -216,45 +79,136 @@ def main() -> int:
         help="raw: http.client and hand-read SSE (light); openai: the official client",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _check_args(args: argparse.Namespace, levels: list[int]) -> None:
+    if args.llama_server is not None and not os.access(args.llama_server, os.X_OK):
+        raise SystemExit(f"--llama-server {args.llama_server} is not an executable file")
+    if args.parallel and args.parallel < max(levels):
+        print(
+            f"note: -np {args.parallel} < {max(levels)} clients: some requests queue",
+            file=sys.stderr,
+        )
+
+
+def main() -> int:
+    args = _args()
     levels = [int(c) for c in args.clients.split(",")]
+    _check_args(args, levels)
     path = model_path(args.model, args.cache_dir, Runtime())
-    n_ctx = max(levels) * (args.max_tokens + 64)
-    proc, url = start_server(path, max(levels), n_ctx, args.server_args.split())
+    n_slots = args.parallel or max(levels)
+    per_request = args.max_tokens + 64 + 2 * args.prompt_words  # prompt words: <= 2 tokens
+    flags = ServerFlags(
+        model=path,
+        n_slots=n_slots,
+        # llama.cpp pads a slot's context to a multiple of 256; so does the default here
+        n_ctx=args.ctx_size or -(-n_slots * per_request // 256) * 256,
+        threads=args.threads,
+        batch_size=args.batch_size,
+        ubatch_size=args.ubatch_size,
+        flash_attn=args.flash_attn,
+        cache_type_k=args.cache_type_k,
+        cache_type_v=args.cache_type_v,
+    )
+    load_before = os.getloadavg()
+    servers = []
     rows = []
     try:
-        # warm-up: first-call costs stay out of the numbers
-        run_level(url, 1, 2, 4, 60, args.client)
-        for n in levels:
-            n_requests = max(args.requests, n)
-            rows.append(run_level(url, n, n_requests, args.max_tokens, args.duration, args.client))
+        servers.append(start_tessera(flags, args.server_args.split()))
+        if args.llama_server is not None:
+            servers.append(
+                start_llama_server(
+                    args.llama_server, flags, args.llama_kvu, args.llama_args.split()
+                )
+            )
+        slot_ctx = {s.name: per_slot_ctx(s) for s in servers}
+        if len(set(slot_ctx.values())) > 1:
+            raise SystemExit(
+                f"the servers' per-slot contexts differ: {slot_ctx}; llama.cpp pads a slot's "
+                "context to a multiple of 256, so give -c as one"
+            )
+        for s in servers:  # first-call costs stay out of the numbers; every slot once
+            warm = run_level(s.name, s.url, n_slots, n_slots, 4, kind=args.client, first=100)
+            if warm["failed"]:
+                raise SystemExit(f"{s.name} failed its warm-up: {warm['failures'][0]}")
+        for i, n in enumerate(levels):
+            for s in servers if i % 2 == 0 else servers[::-1]:
+                idle = [o for o in servers if o is not s]
+                idle_cpu = [o.cpu_seconds() for o in idle]
+                row = run_level(
+                    s.name,
+                    s.url,
+                    n,
+                    max(args.requests, n),
+                    args.max_tokens,
+                    duration=args.duration,
+                    kind=args.client,
+                    prompt_words=args.prompt_words,
+                )
+                # an idle server must not take the cores the measured one needs
+                row["idle_server_cpu_s"] = sum(o.cpu_seconds() for o in idle) - sum(idle_cpu)
+                print(
+                    f"  {s.name} {n} clients: {row['out_tok_per_s']:.1f} tok/s, "
+                    f"{row['failed']} failed; the idle server used "
+                    f"{row['idle_server_cpu_s']:.2f} CPU s in {row['wall_s']:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                rows.append(row)
     finally:
-        proc.terminate()
-        proc.wait(60)
-    print(
-        f"model: {args.model}; {args.max_tokens} tokens per request; client {args.client}; "
-        f"cpu count {os.cpu_count()}"
-    )
-    print(
-        "| clients | requests | failed | req/s | out tok/s | TTFT p50 ms | TTFT p95 ms "
-        "| ITL p50 ms | ITL p95 ms |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['clients']} | {r['requests']} | {r['failed']} | {r['req_per_s']:.2f} "
-            f"| {r['out_tok_per_s']:.1f} | {r['ttft_p50_ms']:.0f} | {r['ttft_p95_ms']:.0f} "
-            f"| {r['itl_p50_ms']:.1f} | {r['itl_p95_ms']:.1f} |"
-        )
-    base = rows[0]["out_tok_per_s"]
-    for r in rows[1:]:
-        print(
-            f"aggregate tok/s, {r['clients']} clients vs {rows[0]['clients']}: "
-            f"{r['out_tok_per_s'] / base:.2f}x"
-        )
+        for s in servers:
+            s.stop()
+    meta = {
+        "model": str(path),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "tessera": tessera_version(),
+        "llama_server": llama_server_version(args.llama_server) if args.llama_server else None,
+        "flags": " ".join(flags.common()),
+        "context": {s.name: s.ctx_flags for s in servers},
+        "per_slot_ctx": slot_ctx,
+        "max_tokens": args.max_tokens,
+        "client": args.client,
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
+    }
+    _report(meta, rows, [s.name for s in servers])
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     return 1 if any(r["failed"] for r in rows) else 0
+
+
+def _report(meta: dict, rows: list[dict], engines: list[str]) -> None:
+    print(f"CPU: {meta['cpu']} ({meta['cpu_count']} CPUs)")
+    print(f"tessera {meta['tessera']}")
+    if meta["llama_server"]:
+        print(f"llama-server {meta['llama_server']}")
+    print(f"model {meta['model']}; both servers: {meta['flags']}")
+    for name, how in meta["context"].items():
+        print(f"  {name}: {how}; one slot holds {meta['per_slot_ctx'][name]} tokens")
+    prompts = {e: [r["prompt_tokens_mean"] for r in rows if r["engine"] == e] for e in engines}
+    print(
+        f"{meta['max_tokens']} tokens per request (greedy, ignore_eos, prompt cache off); "
+        "prompt tokens per request: "
+        + ", ".join(f"{e} {sum(v) / len(v):.1f}" for e, v in prompts.items() if v)
+        + f"; client {meta['client']}; load average "
+        f"{meta['load_avg_before'][0]:.1f} before, {meta['load_avg_after'][0]:.1f} after"
+    )
+    for e in engines:
+        print(f"\n{e}:\n")
+        print("\n".join(engine_table([r for r in rows if r["engine"] == e])))
+    if len(engines) == 2:
+        print(f"\n{engines[0]} / {engines[1]}:\n")
+        print("\n".join(side_by_side(rows, *engines)))
+    print()
+    print("\n".join(scaling_lines(rows)))
+    if len(engines) == 2:
+        most = max(r["idle_server_cpu_s"] for r in rows)
+        print(f"the idle server used at most {most:.2f} CPU s during one run of the other")
+    for r in rows:
+        for f in r["failures"]:
+            print(f"FAILED ({r['engine']}, {r['clients']} clients): {f}")
 
 
 if __name__ == "__main__":
