@@ -115,17 +115,6 @@ def recurrent_state(model: Any, n_seq_max: int) -> RecurrentState | None:
     return RecurrentState(model.backend, layout, n_seq_max)
 
 
-def refuse_speculation(ctx: Any) -> None:
-    """Speculative decoding is declined for a context with recurrent states: a rejected
-    draft must leave the cache, and a state cannot be cut back to before it."""
-    if getattr(ctx, "recurrent", None) is not None:
-        raise TesseraError(
-            f"speculative decoding cannot run on this {ctx.model.arch.names[0]} model: it "
-            "keeps a recurrent state per sequence, which cannot be rolled back past a "
-            "rejected draft; run without --spec-type"
-        )
-
-
 @attrs.frozen
 class RecurrentView:
     """One ubatch's access to the states: its rows grouped by sequence, in row order."""

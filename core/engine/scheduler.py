@@ -15,8 +15,9 @@ buffer holds one row per slot that samples this step.
 With speculative decoding on, a generating slot's rows are ``[pending, d_1 .. d_k]``
 (its drafter's proposal), all with outputs; :func:`tessera.engine.verify.accept_draft`
 keeps the prefix the target agrees with plus one token of its own, and the cells of the
-rejected drafts leave the cache, so the slot ends exactly as plain decoding would leave
-it. Requests with a JSON constraint or logprobs are decoded plainly.
+rejected drafts leave the cache (recurrent states are put back and the kept rows evaluated
+again, in one batch: :mod:`tessera.engine.draft_rollback`), so the slot ends exactly as
+plain decoding would leave it. Requests with a JSON constraint or logprobs are decoded plainly.
 
 When the unified cache cannot hold the step's new rows, drafts are dropped, then idle
 slots give up their cached tokens (least recently used first); then prompt chunks
@@ -35,6 +36,7 @@ import numpy as np
 
 from tessera.contract.spec import Draft
 from tessera.engine.batch import Batch
+from tessera.engine.draft_rollback import KeptRows, checkpoint, keep_rows
 from tessera.engine.progress import PromptProgress, prompt_progress
 from tessera.engine.slot_types import TokenEvent
 from tessera.engine.verify import NO_DRAFT, accept_draft
@@ -81,6 +83,10 @@ class Plan:
     batch: Batch | None
     entries: list[_Entry]
     events: list[Event]
+    #: The drafting slots' recurrent states before the step (:func:`checkpoint`).
+    saved: dict[int, object] = attrs.Factory(dict)
+    #: What each verified slot keeps of its rows, rolled back after the step.
+    kept: list[KeptRows] = attrs.Factory(list)
 
     @property
     def slots(self) -> list[Slot]:
@@ -110,7 +116,8 @@ class Scheduler:
             for last in [i == len(e.tokens) - 1]
         ]
         tokens, positions, seq_ids, output = (list(col) for col in zip(*rows, strict=True))
-        return Plan(Batch(tokens, positions, seq_ids, output), entries, events)
+        saved = checkpoint(self.ctx, [e.slot.id for e in entries if e.draft])
+        return Plan(Batch(tokens, positions, seq_ids, output), entries, events, saved)
 
     def _plan(self, slots: list[Slot], events: list[Event]) -> list[_Entry]:
         kv = self.ctx.kv
@@ -188,17 +195,20 @@ class Scheduler:
         for e in plan.entries:
             n_rows = len(e.tokens) if e.draft else int(e.output)
             try:  # a request whose sampling raises (bad settings, a broken constraint) fails alone
-                self._after_decode(e, logits[out_row : out_row + n_rows], events)
+                self._after_decode(e, logits[out_row : out_row + n_rows], events, plan.kept)
             except Exception as exc:
                 log.exception("request %d failed after the decode", e.slot.task.id)
                 events.append((e.slot, _failed(exc)))
             out_row += n_rows
+        keep_rows(self.ctx, plan.saved, plan.kept)
         return events
 
-    def _after_decode(self, e: _Entry, rows: np.ndarray, events: list[Event]) -> None:
+    def _after_decode(
+        self, e: _Entry, rows: np.ndarray, events: list[Event], kept: list[KeptRows]
+    ) -> None:
         slot = e.slot
         if e.draft:
-            self._verify(slot, e, rows, events)
+            self._verify(slot, e, rows, events, kept)
             return
         slot.cache_tokens.extend(e.tokens)
         if slot.pending is None:
@@ -211,14 +221,17 @@ class Scheduler:
         if e.output:
             self._sample(slot, rows[0], events)
 
-    def _verify(self, slot: Slot, entry: _Entry, rows: np.ndarray, events: list[Event]) -> None:
-        """Keep the drafted tokens the target agrees with, roll the rest out of the cache."""
+    def _verify(
+        self, slot: Slot, entry: _Entry, rows: np.ndarray, events: list[Event], kept: list[KeptRows]
+    ) -> None:
+        """Keep the drafted tokens the target agrees with; the rest leave the cache after
+        the step (``kept``)."""
         draft = entry.draft
         start = len(slot.cache_tokens)  # position of the pending token
         tokens = accept_draft(draft, self._adjusted(slot, rows), slot.sampler, slot.history)
         n_accepted = len(tokens) - 1
         slot.cache_tokens.extend(entry.tokens[: n_accepted + 1])
-        self.ctx.kv.seq_rm(slot.id, start + n_accepted + 1, start + len(entry.tokens))
+        kept.append(KeptRows(slot.id, entry.tokens, start, n_accepted + 1))
         slot.pending = None
         self.metrics.n_drafted += len(draft)
         self.metrics.n_draft_accepted += n_accepted

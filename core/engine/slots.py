@@ -27,7 +27,6 @@ from tessera.engine.admission import Admission
 from tessera.engine.context import Context
 from tessera.engine.progress import PromptProgress
 from tessera.engine.prompt_cache import PromptStore
-from tessera.engine.recurrent import refuse_speculation
 from tessera.engine.scheduler import Event, Finish, Scheduler
 from tessera.engine.slot_failures import SlotFailures
 from tessera.engine.slot_files import SlotFiles
@@ -65,8 +64,6 @@ class SlotEngine(SlotFiles, Admission, SlotFailures):
         self.max_queue = max_queue
         self.metrics = EngineMetrics()
         self.scheduler = Scheduler(ctx, self.eog_ids, self.metrics)
-        if spec is not None:
-            refuse_speculation(ctx)
         self.spec = spec
         #: Where a slot's cache goes before another request overwrites it (None: off).
         self.prompt_store = PromptStore(prompt_store_bytes) if prompt_store_bytes > 0 else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 import transformers
 
+from tessera.contract.spec import Draft, SpecDecoder
 from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
@@ -31,6 +33,8 @@ HF_DIR, LLAMA_CPP_F32 = DATA / "hf", DATA / "qwen3next-f32.gguf"
 SOURCES = {"hf": HF_DIR, "llama.cpp-gguf": LLAMA_CPP_F32}
 #: Measured max abs error 7e-6 (numpy) and 4e-6 (torch) on logits of std 0.8.
 N_PROMPT, N_PREDICT, TOL = 16, 8, 3e-5
+#: Per verify step, which draft position is made wrong (None: the whole draft is right).
+WRONG_AT = [None, 1, 0, 2, None, 1, 0, None]
 
 
 def hf_config() -> dict[str, Any]:
@@ -74,3 +78,22 @@ def tessera_logits(path: Path, backend: str) -> np.ndarray:
 def greedy(ctx: Context, tokens: list[int], seq_id: int = 0, n_past: int = 0) -> list[int]:
     sampler = Sampler(SamplerParams(temperature=0))
     return list(generate(ctx, tokens, N_PREDICT, sampler, seq_id=seq_id, n_past=n_past))
+
+
+class ScriptedDrafter(SpecDecoder):
+    """Drafts the known continuation of whichever of ``sequences`` (prompt + transformers'
+    tokens) the history is a prefix of, one token of each draft made wrong as
+    :data:`WRONG_AT` says."""
+
+    def __init__(self, sequences: list[list[int]], n_vocab: int) -> None:
+        self.sequences, self.n_vocab, self.step = sequences, n_vocab, 0
+
+    def draft(self, history: Sequence[int], n_max: int) -> Draft:
+        n = len(history)
+        (known,) = [s for s in self.sequences if s[:n] == list(history)]
+        tokens = known[n : n + n_max]
+        wrong = WRONG_AT[self.step % len(WRONG_AT)]
+        self.step += 1
+        if wrong is not None and wrong < len(tokens):
+            tokens[wrong] = (tokens[wrong] + 1) % self.n_vocab
+        return Draft(tokens)

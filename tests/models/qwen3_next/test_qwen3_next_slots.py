@@ -1,13 +1,14 @@
 """Qwen3-Next in the slot engine (the server's scheduler): continuous batching of several
-requests over their recurrent states, and the prompt cache, against the single-sequence
-generator (itself checked against transformers in test_qwen3_next_parity.py)."""
+requests over their recurrent states, the prompt cache and speculative decoding, against
+the single-sequence generator (itself checked against transformers in
+test_qwen3_next_parity.py)."""
 
 from __future__ import annotations
 
 import pytest
 from qwen3_next_oracle import (
     LLAMA_CPP_F32,
-    RUNTIME,
+    ScriptedDrafter,
     context,
     greedy,
     prompt,
@@ -15,11 +16,9 @@ from qwen3_next_oracle import (
 )
 
 from tessera.contract.spec import SpecParams
-from tessera.engine.drafting import create_decoder
 from tessera.engine.sampling import SamplerParams
 from tessera.engine.slot_types import GenerationRequest, SlotSpec
 from tessera.engine.slots import SlotEngine
-from tessera.errors import TesseraError
 
 GREEDY = SamplerParams(temperature=0.0)
 N = 8
@@ -85,12 +84,22 @@ def test_the_prompt_cache_reuses_a_state_only_for_an_exact_prefix(engine):
     assert tokens == greedy(context(LLAMA_CPP_F32, "numpy"), other)
 
 
-def test_a_slot_engine_with_speculative_decoding_is_refused():
-    ctx = context(LLAMA_CPP_F32, "numpy", n_seq_max=2)
-    params = SpecParams()
+def test_speculative_requests_in_both_slots_get_the_tokens_of_plain_runs():
+    """Two slots verify drafts in the same steps; after their rejections both states are
+    put back and their kept rows evaluated again in one batch."""
+    prompts = [prompt(7).tolist(), prompt(8, 11).tolist(), prompt(9, 13).tolist()]
+    want = [greedy(context(LLAMA_CPP_F32, "numpy"), p) for p in prompts]
+    ctx = context(LLAMA_CPP_F32, "numpy", n_seq_max=2, n_batch=8)
+    known = [p + w for p, w in zip(prompts, want, strict=True)]
 
     def create():
-        return create_decoder(RUNTIME, "ngram", ctx, params)
+        return ScriptedDrafter(known, ctx.model.config.n_vocab)
 
-    with pytest.raises(TesseraError, match="recurrent state"):
-        SlotEngine(ctx, spec=SlotSpec("ngram", params, create))
+    engine = SlotEngine(ctx, spec=SlotSpec("scripted", SpecParams(draft_max=3), create))
+    engine.start()
+    try:
+        results = run(engine, prompts)
+    finally:
+        engine.stop()
+    assert [tokens for tokens, _ in results] == want
+    assert 0 < engine.metrics.n_draft_accepted < engine.metrics.n_drafted

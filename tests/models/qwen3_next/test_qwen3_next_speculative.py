@@ -12,20 +12,17 @@ behind are compared with those of plain decoding.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
-from qwen3_next_oracle import BACKENDS, LLAMA_CPP_F32, context, hf_model, prompt
+from qwen3_next_oracle import BACKENDS, LLAMA_CPP_F32, ScriptedDrafter, context, hf_model, prompt
 
-from tessera.contract.spec import Draft, SpecDecoder, SpecParams
+from tessera.contract.spec import SpecParams
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
 
 N_NEW = 14
-#: Per verify step, which draft position is made wrong (None: the whole draft is right).
-WRONG_AT = [None, 1, 0, 2, None, 1, 0, None]
 
 
 @functools.cache
@@ -34,23 +31,6 @@ def transformers_greedy() -> list[int]:
     with torch.no_grad():
         out = hf_model().generate(ids, max_new_tokens=N_NEW, do_sample=False, pad_token_id=0)
     return out[0, ids.shape[1] :].tolist()
-
-
-class ScriptedDrafter(SpecDecoder):
-    """Drafts the known continuation ``want`` of ``n_prompt`` tokens, one token of each
-    draft made wrong as :data:`WRONG_AT` says."""
-
-    def __init__(self, want: list[int], n_prompt: int, n_vocab: int) -> None:
-        self.want, self.n_prompt, self.n_vocab, self.step = want, n_prompt, n_vocab, 0
-
-    def draft(self, history: Sequence[int], n_max: int) -> Draft:
-        i = len(history) - self.n_prompt
-        tokens = self.want[i : i + n_max]
-        wrong = WRONG_AT[self.step % len(WRONG_AT)]
-        self.step += 1
-        if wrong is not None and wrong < len(tokens):
-            tokens[wrong] = (tokens[wrong] + 1) % self.n_vocab
-        return Draft(tokens)
 
 
 def run(ctx, tokens, decoder=None, spec=None) -> tuple[list[int], GenerationStats]:
@@ -71,7 +51,7 @@ def test_greedy_speculation_through_rejections_gives_transformers_tokens(backend
     plain_ctx = context(LLAMA_CPP_F32, backend)
     plain, _ = run(plain_ctx, p)
     ctx = context(LLAMA_CPP_F32, backend)
-    drafter = ScriptedDrafter(want, len(p), ctx.model.config.n_vocab)
+    drafter = ScriptedDrafter([p + want], ctx.model.config.n_vocab)
     got, stats = run(ctx, p, drafter, SpecParams(draft_max=3, adaptive=False))
     assert plain == want
     assert got == want
