@@ -31,6 +31,26 @@ from tessera.errors import TesseraError, UnknownNameError
 SAMPLER_KEYWORDS = tuple(a.name for a in attrs.fields(SamplerParams) if a.name != "dry_breakers")
 #: Every sampling keyword of ``complete``, ``chat`` and ``stream``.
 KEYWORDS = (*SAMPLER_KEYWORDS, "max_tokens", "stop", "logit_bias", "grammar", "response_format")
+#: llama-cpp-python's keywords that name a stage or output tessera does not have, with the
+#: values that leave it off: taken at those (code written for its ``Llama`` runs as it is),
+#: refused at any other. Mirostat's tau and eta do nothing while ``mirostat_mode`` is 0.
+OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
+    "suffix": (None,),
+    "echo": (False,),
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
+    "tfs_z": (1.0,),
+    "mirostat_mode": (0,),
+    "mirostat_tau": (),
+    "mirostat_eta": (),
+    "model": (None,),
+    "stopping_criteria": (None,),
+    "logits_processor": (None,),
+    "tools": (None,),
+    "tool_choice": (None,),
+    "functions": (None,),
+    "function_call": (None,),
+}
 #: llama-cpp-python's defaults where they differ between its two methods.
 COMPLETE_DEFAULTS: Mapping[str, Any] = {"max_tokens": 16, "temperature": 0.8}
 CHAT_DEFAULTS: Mapping[str, Any] = {"max_tokens": None, "temperature": 0.2}
@@ -143,14 +163,25 @@ class SamplingKeywords:
         self, method: str, given: Mapping[str, Any], defaults: Mapping[str, Any], tokenizer: Any
     ) -> GenerationArgs:
         """The checked :class:`GenerationArgs` of ``method``'s keywords ``given`` over
-        ``defaults``; an unknown keyword is a TypeError naming it."""
-        unknown = sorted(set(given) - set(KEYWORDS))
+        ``defaults``; an unknown keyword is a TypeError naming it, and so is one of
+        :data:`OFF_VALUES` at a value that would turn its stage on."""
+        unknown = sorted(set(given) - set(KEYWORDS) - set(OFF_VALUES))
         if unknown:
             names = ", ".join(repr(n) for n in unknown)
             raise TypeError(
                 f"LLM.{method}() got unexpected keyword argument(s) {names}; its sampling "
                 f"keywords are {', '.join(KEYWORDS)}"
             )
+        for name in sorted(set(given) & set(OFF_VALUES)):
+            off = OFF_VALUES[name]
+            value = given[name]
+            # None and the booleans by identity, so 0 is not taken for False
+            same = (value is v if v is None or isinstance(v, bool) else value == v for v in off)
+            if off and not any(same):
+                raise TypeError(
+                    f"LLM.{method}() cannot take {name}={value!r}: tessera has no such "
+                    f"stage or output; leave {name} out (or give {off[0]!r})"
+                )
         args = {**defaults, **given}
         sampling = {k: args[k] for k in SAMPLER_KEYWORDS if args.get(k) is not None}
         params = self._with_breakers(SamplerParams(**sampling), tokenizer)

@@ -149,8 +149,34 @@ def test_stream_takes_the_same_keywords(llm):
 @pytest.mark.parametrize("method", ["complete", "chat", "stream"])
 def test_an_unknown_keyword_is_a_type_error_naming_it(llm, method):
     prompt = [{"role": "user", "content": "hi"}] if method == "chat" else PROMPT
-    with pytest.raises(TypeError, match="'mirostat_mode'"):
-        getattr(llm, method)(prompt, max_tokens=2, mirostat_mode=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument.*'temprature'"):
+        getattr(llm, method)(prompt, max_tokens=2, temprature=0.5)
+
+
+LCP_OFF = dict(
+    suffix=None, echo=False, logprobs=None, tfs_z=1.0, mirostat_mode=0, mirostat_tau=5.0,
+    mirostat_eta=0.1, model=None, stopping_criteria=None, logits_processor=None,
+)  # fmt: skip
+
+
+def test_llama_cpp_python_keywords_at_their_off_values_change_nothing(llm):
+    kw = dict(max_tokens=10, seed=4, temperature=0.8)
+    assert (
+        llm.complete(PROMPT, **kw, **LCP_OFF)["choices"][0]["text"]
+        == llm.complete(PROMPT, **kw)["choices"][0]["text"]
+    )
+    messages = [{"role": "user", "content": "hi"}]
+    got = llm.chat(messages, **kw, logprobs=False, top_logprobs=None, tools=None)
+    assert got["choices"][0]["message"] == llm.chat(messages, **kw)["choices"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "kw", [{"mirostat_mode": 2}, {"tfs_z": 0.9}, {"echo": True}, {"logprobs": 0}, {"tools": []}]
+)
+def test_a_llama_cpp_python_stage_tessera_lacks_is_refused_by_name(llm, kw):
+    (name,) = kw
+    with pytest.raises(TypeError, match=f"cannot take {name}="):
+        llm.complete(PROMPT, max_tokens=2, **kw)
 
 
 @pytest.mark.parametrize(
