@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from tessera import PLUGIN_API_VERSION, __version__
+from tessera.cli.plugins_catalogues import DESCRIBED, described
 from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS
 from tessera.contract.ops import Op
 from tessera.engine.context import ContextParams, choose_kv_path, choose_prune
@@ -236,14 +237,7 @@ def plugins_report(runtime: Any, probe: bool = True) -> dict[str, Any]:
         "backends": backends,
         "conflicts": list(runtime.conflicts),
         "communicators": _communicator_entries(runtime),
-        "spec_decoders": [
-            {"name": name, "description": info.description}
-            for name, info in sorted(runtime.spec_decoders().items())
-        ],
-        "expert_caches": [
-            {"name": name, "description": info.description}
-            for name, info in runtime.expert_caches().items()
-        ],
+        **described(runtime),
         "tokenizer_kinds": [
             {"name": k.name, "models": list(k.models), "description": k.description}
             for k in dict.fromkeys(runtime.catalogue("tokenizer_kind").values())
@@ -281,10 +275,9 @@ def run_plugins(args: argparse.Namespace, runtime: Any) -> int:
         state = f"usable here: {features}" if entry["usable"] else entry["reason"]
         kind = "collective" if entry["collective"] else f"at most {entry['max_ranks']} ranks"
         print(f"communicator {entry['name']}: {kind}; {state} — {entry['description']}")
-    for name, info in sorted(runtime.spec_decoders().items()):
-        print(f"spec decoder {name}: {info.description}")
-    for name, info in runtime.expert_caches().items():
-        print(f"expert cache {name}: {info.description}")
+    for key, entries in described(runtime).items():
+        for entry in entries:
+            print(f"{DESCRIBED[key]} {entry['name']}: {entry['description']}")
     for kind in dict.fromkeys(runtime.catalogue("tokenizer_kind").values()):
         print(f"tokenizer kind {kind.name} ({', '.join(kind.models)}): {kind.description}")
     for conflict in runtime.conflicts:

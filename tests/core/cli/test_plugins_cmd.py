@@ -78,7 +78,7 @@ def test_json_report_has_the_stable_schema(capsys):
     assert set(report) == {
         "schema", "tessera_version", "plugin_api", "plugins", "failures", "architectures",
         "quant_types", "commands", "backends", "conflicts", "communicators", "spec_decoders",
-        "expert_caches", "tokenizer_kinds", "switches",
+        "expert_caches", "constraint_kinds", "tokenizer_kinds", "switches",
     }  # fmt: skip
     assert {c["name"] for c in report["expert_caches"]} == set(Runtime().expert_caches())
     rt = Runtime()
@@ -104,6 +104,18 @@ def test_json_report_has_the_stable_schema(capsys):
     kernel_states = {k["quant_type"]: k["state"] for k in torch["kernels"]}
     assert set(kernel_states) == {q for (b, q) in rt.weight_kernels() if b == "torch"}
     assert set(kernel_states.values()) <= {"active", "declined by probe"}
+
+
+def test_constraint_kinds_are_listed_as_the_plugins_register_them(capsys):
+    kinds = {k["name"]: k["description"] for k in plugins_json(capsys)["constraint_kinds"]}
+    assert kinds == {n: k.description for n, k in Runtime().constraint_kinds().items()}
+    assert {"json_object", "json_schema", "gbnf", "regex", "choice", "tool_call"} <= set(kinds)
+    assert main(["plugins", "--no-probe"]) == 0
+    out = capsys.readouterr().out
+    for name, description in kinds.items():
+        assert f"constraint kind {name}: {description}" in out
+    # the kinds come from the grammar plugin: without it there are none
+    assert plugins_json(capsys, "--disable-plugins", "grammar")["constraint_kinds"] == []
 
 
 def test_json_report_without_probing_creates_no_backend(capsys):
