@@ -4,7 +4,9 @@ The draft model runs greedily in a context of its own (same ``n_ctx`` as the tar
 ubatch from ``--spec-draft-n-ubatch``) and stops drafting when its probability for the next
 token falls under ``--draft-p-min``. Its KV cache follows the target's history: at each
 call the cells past the longest common prefix of what it evaluated and the new history
-are removed (``KVCache.seq_rm``) and only the new tokens are evaluated.
+are removed (``KVCache.seq_rm``) and only the new tokens are evaluated. A draft model with
+recurrent layers (Qwen3-Next) cannot cut its state back: its state after each history is
+saved and put back when the next history continues that one (else it starts over).
 
 For the bundled default model the trained draft ships as
 ``tessera/default_model/tessera-default-draft.gguf``; it is used when no ``-md`` is given
@@ -98,10 +100,23 @@ class DraftModelDecoder(SpecDecoder):
         self.cached: list[int] = []  # tokens whose K/V are in the draft cache, seq 0
         #: Draft distribution for the token after the history of the last call.
         self.first_probs: np.ndarray | None = None
+        #: A recurrent draft model's states after ``cached[:n]``, as ``(n, states)``.
+        self.saved: tuple[int, Any] | None = None
 
     def begin(self, prompt: Sequence[int], seq_id: int) -> None:
         self.ctx.kv.clear()
-        self.cached = []
+        self.cached, self.saved = [], None
+
+    def _rewind(self, common: int) -> int:
+        """Where evaluation restarts when the cache cannot be cut at ``common``: the saved
+        recurrent state, if the new history keeps what it holds, else the start."""
+        if self.saved is not None and self.saved[0] <= common:
+            n, states = self.saved
+            self.ctx.recurrent.restore(states)
+            self.ctx.kv.seq_rm(0, n)
+            return n
+        self.ctx.kv.seq_rm(0)
+        return 0
 
     def evaluate_history(self, history: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``history``; return the logits after its last token."""
@@ -113,13 +128,16 @@ class DraftModelDecoder(SpecDecoder):
                 break
             common += 1
         common = min(common, len(history) - 1)  # the last token is evaluated for its logits
-        self.ctx.kv.seq_rm(0, common)
+        if not self.ctx.kv.seq_rm(0, common):  # a recurrent state holds the old tail
+            common = self._rewind(common)
         logits = None
         n_batch = self.ctx.params.n_batch
         for start in range(common, len(history), n_batch):
             chunk = history[start : start + n_batch]
             logits = self.ctx.decode(Batch.for_sequence(chunk, start, 0, "last"))[-1]
         self.cached = list(history)
+        if self.ctx.recurrent is not None:
+            self.saved = (len(history), self.ctx.recurrent.snapshot(np.array([0])))
         return logits
 
     def draft_with_probs(self, history: Sequence[int], n_max: int) -> tuple[Draft, list[float]]:

@@ -16,9 +16,19 @@ import functools
 import numpy as np
 import pytest
 import torch
-from qwen3_next_oracle import BACKENDS, LLAMA_CPP_F32, ScriptedDrafter, context, hf_model, prompt
+from qwen3_next_oracle import (
+    BACKENDS,
+    LLAMA_CPP_F32,
+    RUNTIME,
+    ScriptedDrafter,
+    context,
+    greedy,
+    hf_model,
+    prompt,
+)
 
 from tessera.contract.spec import SpecParams
+from tessera.engine.drafting import create_decoder
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
 
@@ -62,3 +72,26 @@ def test_greedy_speculation_through_rejections_gives_transformers_tokens(backend
     assert ctx.recurrent.pos[0] == plain_ctx.recurrent.pos[0] == len(p) + N_NEW - 2
     for s, t in zip(states(ctx), states(plain_ctx), strict=True):
         np.testing.assert_allclose(s, t, atol=1e-5)
+
+
+def test_qwen3next_as_a_draft_model_follows_accepted_and_rejected_drafts():
+    """The draft model's own state cannot be cut back either: after each history it is
+    saved and put back for the next one, which then drafts as a fresh context would."""
+    ctx = context(LLAMA_CPP_F32, "numpy")
+    params = SpecParams(model_draft=str(LLAMA_CPP_F32), p_min=0.0)
+    decoder = create_decoder(RUNTIME, "draft", ctx, params)
+    p = prompt().tolist()
+    first = decoder.draft(p, 3).tokens
+    rejected = [*p, (first[0] + 1) % ctx.model.config.n_vocab]  # none of the draft kept
+    second = decoder.draft(rejected, 3).tokens
+    cut_short = [*rejected, second[0], (second[1] + 1) % ctx.model.config.n_vocab]
+    histories = [p, rejected, cut_short, prompt(8).tolist()]  # the last starts over
+    drafts = [
+        first,
+        second,
+        decoder.draft(cut_short, 3).tokens,
+        decoder.draft(histories[3], 3).tokens,
+    ]
+    decoder.close()
+    for history, draft in zip(histories, drafts, strict=True):
+        assert list(draft) == greedy(context(LLAMA_CPP_F32, "numpy"), history)[:3]
