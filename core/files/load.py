@@ -7,10 +7,9 @@ backend (which keeps or repacks quantized data) and builds the forward graph.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from tessera.engine.memory import available_bytes, check_weights_fit, weight_byt
 from tessera.errors import ModelFileError, UnknownBackendError
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.hf import read_hf_config, read_safetensors_dir
+from tessera.files.identity import deferred_identity
 
 log = logging.getLogger("tessera.files.load")
 
@@ -39,14 +39,22 @@ class Model:
     graph: Any
     tokenizer: Any | None
     metadata: Mapping[str, Any]
-    #: sha256 hex of the metadata and the tensors' names, shapes, types and first bytes
-    #: (see :func:`model_identity`): saved context states are tied to it.
-    identity: str = ""
+    #: The identity (:attr:`identity`), or what computes it on first use (a callable):
+    #: hashing the metadata of a large vocabulary is kept off the load path.
+    _identity: str | Callable[[], str] = attrs.field(default="", alias="identity")
     #: A mixture-of-experts model's :class:`tessera.contract.experts.ModelExperts` (placement,
     #: cache counters); None for dense models.
     experts: Any = None
     #: Each tensor's stored quant type by name ("F32", "Q8_0" ...), as the file holds it.
     tensor_types: dict[str, str] = attrs.field(factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """sha256 hex of the metadata and the tensors' names, shapes, types and first bytes
+        (see :func:`tessera.files.identity.model_identity`): saved context states are tied to it."""
+        if callable(self._identity):
+            self._identity = self._identity()
+        return self._identity
 
     @property
     def n_vocab(self) -> int:
@@ -181,7 +189,7 @@ def load_model(
         (path / "tokenizer.json").exists() if path.is_dir() else "tokenizer.ggml.model" in metadata
     )
     tokenizer = _tokenizer(path, metadata, runtime) if has_vocab else None
-    identity = model_identity(metadata, raw)
+    identity = deferred_identity(metadata, raw)
     types = {name: qtype.name for name, qtype in qtypes.items()}
     return Model(
         path, arch, config, backend, weights, graph, tokenizer, metadata, identity, experts, types
@@ -206,32 +214,6 @@ def _expert_cache(runtime: Any, layout: Any, moe: MoEOptions) -> Any | None:
     if cache is None:
         log.warning("--moe-cache-mib given but no expert-cache plugin is loaded; not caching")
     return cache
-
-
-def model_identity(metadata: Mapping[str, Any], raw: Mapping[str, RawTensor]) -> str:
-    """A sha256 hex digest naming one model: its metadata, and per tensor its name, shape,
-    GGML type and first 64 stored values (so two random-weight models of one shape differ too)."""
-    h = hashlib.sha256()
-
-    def feed(value: Any) -> None:
-        if isinstance(value, np.ndarray):
-            h.update(f"{value.dtype}{value.shape}".encode() + value.tobytes())
-        elif isinstance(value, list | tuple):
-            h.update(b"[")
-            for v in value:
-                feed(v)
-            h.update(b"]")
-        else:
-            h.update(repr(value).encode() + b"\x00")
-
-    for key in sorted(metadata):
-        feed(key)
-        feed(metadata[key])
-    for name in sorted(raw):
-        t = raw[name]
-        feed((name, tuple(t.shape), t.ggml_type))
-        h.update(np.asarray(t.data).ravel()[:64].tobytes())
-    return h.hexdigest()
 
 
 def stored_tensor(raw: RawTensor, qtype: Any) -> RawTensor:

@@ -32,7 +32,8 @@ from tessera.contract.comm import (
 from tessera.contract.tp import Split
 from tessera.errors import ModelFileError, TesseraError
 from tessera.files.gguf import RawTensor, read_gguf
-from tessera.files.load import Model, model_identity, select_backend, stored_tensor
+from tessera.files.identity import deferred_identity
+from tessera.files.load import Model, select_backend, stored_tensor
 from tessera.plugins.tensor_parallel.choice import choose_communicator
 from tessera.plugins.tensor_parallel.ports import free_port, parse_master
 from tessera.plugins.tensor_parallel.rendezvous import rendezvous
@@ -150,7 +151,7 @@ def load_model_shard(
         graph=None,
         tokenizer=Tokenizer.from_gguf_metadata(gguf.metadata, runtime) if has_vocab else None,
         metadata=gguf.metadata,
-        identity=model_identity(gguf.metadata, raw),
+        identity=deferred_identity(gguf.metadata, raw),
     )
     return ShardedModel(model, plan, rank, world_size)
 
