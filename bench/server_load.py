@@ -34,7 +34,9 @@ from server_load_servers import (
     ServerFlags,
     cpu_model,
     llama_server_version,
+    n_ctx_train,
     per_slot_ctx,
+    slot_ctx_note,
     start_llama_server,
     start_tessera,
     tessera_version,
@@ -123,11 +125,11 @@ def main() -> int:
                 )
             )
         slot_ctx = {s.name: per_slot_ctx(s) for s in servers}
-        if len(set(slot_ctx.values())) > 1:
-            raise SystemExit(
-                f"the servers' per-slot contexts differ: {slot_ctx}; llama.cpp pads a slot's "
-                "context to a multiple of 256, so give -c as one"
-            )
+        if len(servers) == 2:
+            train = n_ctx_train(servers[1])
+            ctx_note = slot_ctx_note(*slot_ctx.values(), train, per_request)
+        else:
+            ctx_note = f"one slot holds {slot_ctx['tessera']} tokens"
         for s in servers:  # first-call costs stay out of the numbers; every slot once
             warm = run_level(s.name, s.url, n_slots, n_slots, 4, kind=args.client, first=100)
             if warm["failed"]:
@@ -168,6 +170,7 @@ def main() -> int:
         "flags": " ".join(flags.common()),
         "context": {s.name: s.ctx_flags for s in servers},
         "per_slot_ctx": slot_ctx,
+        "per_slot_ctx_note": ctx_note,
         "max_tokens": args.max_tokens,
         "client": args.client,
         "load_avg_before": load_before,
@@ -176,7 +179,12 @@ def main() -> int:
     _report(meta, rows, [s.name for s in servers])
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    return 1 if any(r["failed"] for r in rows) else 0
+    if any(r["failed"] for r in rows):
+        print("server logs: " + ", ".join(str(s.log) for s in servers))
+        return 1
+    for s in servers:
+        s.log.unlink()
+    return 0
 
 
 def _report(meta: dict, rows: list[dict], engines: list[str]) -> None:
@@ -186,7 +194,8 @@ def _report(meta: dict, rows: list[dict], engines: list[str]) -> None:
         print(f"llama-server {meta['llama_server']}")
     print(f"model {meta['model']}; both servers: {meta['flags']}")
     for name, how in meta["context"].items():
-        print(f"  {name}: {how}; one slot holds {meta['per_slot_ctx'][name]} tokens")
+        print(f"  {name}: {how}")
+    print(f"  per-slot context: {meta['per_slot_ctx_note']}")
     prompts = {e: [r["prompt_tokens_mean"] for r in rows if r["engine"] == e] for e in engines}
     print(
         f"{meta['max_tokens']} tokens per request (greedy, ignore_eos, prompt cache off); "

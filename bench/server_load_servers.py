@@ -136,6 +136,33 @@ def per_slot_ctx(server: Server) -> int:
     return int(server.get("/slots")[0]["n_ctx"])
 
 
+def n_ctx_train(server: Server) -> int:
+    """The model's training context as llama-server reports it (``/v1/models`` meta)."""
+    return int(server.get("/v1/models")["data"][0]["meta"]["n_ctx_train"])
+
+
+def slot_ctx_note(tessera: int, llama: int, train: int, need: int) -> str:
+    """How the per-slot contexts compare, in a sentence for the report; SystemExit where
+    they differ for another reason than llama-server's cap at the training context, or
+    where a slot cannot hold a request (``need`` tokens)."""
+    if min(tessera, llama) < need:
+        raise SystemExit(
+            f"a slot holds {min(tessera, llama)} tokens, fewer than the {need} a request may "
+            "need; raise -c or lower --max-tokens / --prompt-words"
+        )
+    if tessera == llama:
+        return f"one slot holds {tessera} tokens on both"
+    if llama == train < tessera:
+        return (
+            f"one slot holds {tessera} tokens on tessera, {llama} on llama-server (it caps a "
+            f"slot at the model's training context, {train}); both hold a request's {need}"
+        )
+    raise SystemExit(
+        f"the servers' per-slot contexts differ (tessera {tessera}, llama-server {llama}); "
+        "llama.cpp pads a slot's context to a multiple of 256, so give -c as one"
+    )
+
+
 def llama_server_version(binary: Path) -> str:
     """The ``version:`` line of ``llama-server --version`` (e.g. ``0.5.0-dev (build 1, ...)``)."""
     out = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=60)

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 from server_load_client import PROMPTS, _result, prompt_text  # noqa: E402
+from server_load_servers import slot_ctx_note  # noqa: E402
 from server_load_stats import percentile, ratio, side_by_side, summarize  # noqa: E402
 
 
@@ -90,3 +91,22 @@ def test_prompts_are_a_sentence_or_the_words_asked_for() -> None:
     assert prompt_text(len(PROMPTS)) == PROMPTS[0]
     long = prompt_text(5, 40)
     assert len(long.split()) == 40 and long.startswith(PROMPTS[5])
+
+
+def test_slot_contexts_equal_or_capped_by_llama_server_pass_with_a_note() -> None:
+    assert slot_ctx_note(2048, 2048, 4096, 192) == "one slot holds 2048 tokens on both"
+    assert "training context, 512" in slot_ctx_note(1536, 512, 512, 96)
+
+
+@pytest.mark.parametrize(
+    ("tessera", "llama", "train", "need", "words"),
+    [
+        (320, 512, 4096, 80, "multiple of 256"),  # llama.cpp padded the slot
+        (1024, 512, 512, 600, "fewer than the 600"),  # a request would not fit
+    ],
+)
+def test_slot_contexts_that_do_not_compare_stop_the_run(
+    tessera: int, llama: int, train: int, need: int, words: str
+) -> None:
+    with pytest.raises(SystemExit, match=words):
+        slot_ctx_note(tessera, llama, train, need)
