@@ -12,11 +12,13 @@ inter-token latency (p50/p95) and failed requests, and with llama-server the rat
 tessera/llama-server of tokens/s and of TTFT p95.
 
     .venv/bin/python bench/server_load.py --model default --clients 1,4,8 --requests 24
-    .venv/bin/python bench/server_load.py --model /tmp/perfwork/qwen2-0.5b-v151936-Q4_0.gguf \\
+    .venv/bin/python bench/server_load.py --model qwen2-0.5b:Q4_0 --work /tmp/perfwork \\
         --llama-server /tmp/llama-build/bin/llama-server -t 2
 
 ``--model``: ``default`` (the bundled model), ``qwen2.5-0.5b-shape`` (random weights,
-Qwen2.5-0.5B's sizes) or a GGUF path. The servers are in bench/server_load_servers.py,
+Qwen2.5-0.5B's sizes, bf16), ``SHAPE:TYPE`` (bench/perf_models.py's random-weight file
+of a shape in a GGUF type, e.g. ``qwen2-0.5b:Q4_0``, the one bench/perf_vs_llamacpp.py
+measures; kept in ``--work``) or a GGUF path. The servers are in bench/server_load_servers.py,
 the clients in bench/server_load_client.py, the tables in bench/server_load_stats.py.
 """
 
@@ -50,6 +52,9 @@ def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="default")
     ap.add_argument("--cache-dir", type=Path, default=Path("/tmp/tessera-bench"))
+    ap.add_argument(
+        "--work", type=Path, default=Path("/tmp/tessera-perf"), help="SHAPE:TYPE model files"
+    )
     ap.add_argument("--clients", default="1,4,8,16", help="client counts, comma-separated")
     ap.add_argument("--requests", type=int, default=24, help="requests per client count")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
@@ -84,6 +89,19 @@ def _args() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def _model(name: str, args: argparse.Namespace, runtime: Runtime) -> Path:
+    """The GGUF of ``--model``: ``SHAPE:TYPE`` is bench/perf_models.py's file (made once
+    in ``--work``), anything else as bench/batched_bench_rows.py reads it."""
+    shape, sep, qtype = name.partition(":")
+    if not sep:
+        return model_path(name, args.cache_dir, runtime)
+    import perf_models
+
+    if qtype not in perf_models.TYPES:
+        raise SystemExit(f"unknown type '{qtype}' in --model; use one of {list(perf_models.TYPES)}")
+    return perf_models.model_file(args.work, runtime, shape, qtype, None)
+
+
 def _check_args(args: argparse.Namespace, levels: list[int]) -> None:
     if args.llama_server is not None and not os.access(args.llama_server, os.X_OK):
         raise SystemExit(f"--llama-server {args.llama_server} is not an executable file")
@@ -98,7 +116,7 @@ def main() -> int:
     args = _args()
     levels = [int(c) for c in args.clients.split(",")]
     _check_args(args, levels)
-    path = model_path(args.model, args.cache_dir, Runtime())
+    path = _model(args.model, args, Runtime())
     n_slots = args.parallel or max(levels)
     per_request = args.max_tokens + 64 + 2 * args.prompt_words  # prompt words: <= 2 tokens
     flags = ServerFlags(
