@@ -2,7 +2,8 @@
 problems reported in one sentence (:class:`ConstraintSpecError`) before any generation.
 
 llguidance reads JSON schemas, regular expressions and Lark grammars; a llama.cpp GBNF
-grammar goes through llguidance's own GBNF-to-Lark conversion.
+grammar goes through llguidance's own GBNF-to-Lark conversion (its token references by
+way of :mod:`tessera.plugins.grammar.gbnf_tokens`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tessera.contract.constraints import ConstraintSpecError
+from tessera.plugins.grammar.gbnf_tokens import extract_token_refs, insert_token_refs
 
 #: Whitespace between JSON tokens: at most 16 bytes in a row, so a model cannot loop on
 #: spaces or newlines forever (16 still pretty-prints a few levels deep).
@@ -79,15 +81,23 @@ def _expand_unicode_escapes(grammar: str) -> str:
 
 
 def gbnf_source(grammar: Any) -> str:
-    """A llama.cpp GBNF grammar (a Lark grammar is read as is)."""
-    from llguidance import grammar_from
+    """A llama.cpp GBNF grammar, token references (``<[ID]>``) included; a Lark grammar
+    is read as is."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 
     if not isinstance(grammar, str) or not grammar.strip():
         raise ConstraintSpecError("the grammar must be a non-empty GBNF text")
+    text = _expand_unicode_escapes(grammar)
+    if is_lark_syntax(text):
+        return lark_source(text, "grammar")
+    plain, tokens = extract_token_refs(text)
     try:
-        return _checked(grammar_from("gbnf", _expand_unicode_escapes(grammar)), "grammar")
-    except ValueError as exc:
-        raise ConstraintSpecError(f"the grammar is not valid: {exc}") from None
+        lark = gbnf_to_lark(plain)
+    except Exception as exc:  # the converter raises plain Exceptions for unknown rules
+        raise ConstraintSpecError(
+            f"the grammar is not valid: cannot convert it from GBNF to Lark: {exc}"
+        ) from None
+    return lark_source(insert_token_refs(lark, tokens), "grammar")
 
 
 def regex_source(pattern: Any) -> str:

@@ -77,6 +77,16 @@ def test_gbnf_grammar_output_matches_the_grammar(client, server):
     assert status == 200 and GBNF_REGEX.fullmatch(body["content"])
 
 
+def test_gbnf_token_references_pick_the_tokens(server):
+    """llama.cpp's <[ID]>: the generated tokens are those ids (return_tokens shows them)."""
+    grammar = 'root ::= <[42]> <[42]> !<[42]> "."'
+    body = {"prompt": "x", "grammar": grammar, "seed": 3, "return_tokens": True}
+    status, r = post(server.url + "/completion", body)
+    assert status == 200, r
+    assert r["tokens"][:2] == [42, 42] and r["tokens"][2] != 42
+    assert r["content"].endswith(".")
+
+
 def test_llama_server_json_schema_on_completion(server):
     for seed in range(2):
         status, body = post(
