@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 
-from conftest import MODELS, call, rows, unload_all, wait_for
+from conftest import MODELS, call, rows, server_argv, unload_all, wait_for
 
 from tessera.files.load import default_model_path
 from tessera.plugins.server.testing import live_server
@@ -177,3 +177,11 @@ def test_several_m_flags_serve_several_models(model_sources):
         status, body = call(srv.url + "/api/models/delete", {"model": "alpha.gguf"})
         assert status == 403 and "models directory" in body["error"]["message"]
         assert model_sources["alpha.gguf"].exists()
+
+
+def test_the_models_managers_load_works_without_autoload(models_dir):
+    with live_server(server_argv(models_dir, "--no-models-autoload")) as srv:
+        status, body = _chat(srv, "alpha.gguf")
+        assert status == 400 and "is not loaded" in body["error"]["message"]
+        assert call(srv.url + "/api/models/load", {"model": "alpha.gguf"})[0] == 200
+        assert _chat(srv, "alpha.gguf")[0] == 200
