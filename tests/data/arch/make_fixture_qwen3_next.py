@@ -27,6 +27,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "qwen3_next"
+#: Qwen3's chat template, as its checkpoints ship it (the Qwen3-Next ones carry the same).
+TEMPLATE = HERE.parent / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
 SEED = 37
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 VOCAB_SIZE = 320
@@ -78,7 +80,9 @@ README = """# `qwen3_next`: a random-weight Qwen3NextForCausalLM and llama.cpp's
   shared expert of 48 in every layer. Weights N(0, 0.1), the router's N(0, 0.5), norm
   weights 0.1 noise around 0 (Qwen3-Next norms scale by `1 + w`); `A_log`, `dt_bias` as
   transformers initializes them. Vocabulary: a {vocab}-token byte-level BPE trained on
-  Python's pydoc topics with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as specials.
+  Python's pydoc topics with `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` as specials;
+  `tokenizer_config.json` carries Qwen3's chat template
+  (`tests/data/chat-templates/Qwen-Qwen3-0.6B.jinja`).
 - `qwen3next-f32.gguf`: `convert_hf_to_gguf.py hf --outtype f32 --no-mtp` of the llama.cpp sources
   vendored by llama-cpp-python 0.3.36 (with its `gguf-py`; its `Qwen3NextModel`),
   answering `gpt-2` for the test vocabulary's unknown pre-tokenizer hash.
@@ -135,6 +139,7 @@ def make_checkpoint(folder: Path, tokenizer_json: str) -> None:
         "pad_token": "<|endoftext|>",
         "clean_up_tokenization_spaces": False,
         "model_max_length": 4096,
+        "chat_template": TEMPLATE.read_text(encoding="utf-8"),
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
 

@@ -7,7 +7,8 @@ RoPE, Q/K norms, 4 experts of which 2 per token and a gated shared expert. tesse
 folder and llama.cpp's GGUF on numpy and torch (f32) and must give transformers' logits for
 every row of a 16-token prompt and its greedy continuation through the cache (the prompt
 in ubatches of 5, so the conv and delta states carry across ubatches); the architecture
-conformance kit; ``tessera plugins`` lists the plugin.
+conformance kit; ``tessera plugins`` lists the plugin; the chat template of the GGUF and
+of the folder renders as transformers' ``apply_chat_template`` renders it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import attrs
 import numpy as np
 import pytest
+import transformers
 from qwen3_next_oracle import (
     BACKENDS,
     HF_DIR,
@@ -37,6 +39,8 @@ from tessera.engine.context import Context, ContextParams
 from tessera.files.gguf import read_gguf
 from tessera.files.load import load_model
 from tessera.testing.pytest_plugin import architecture_conformance
+from tessera.text.chat_template import ChatTemplate
+from tessera.text.tokenizer import Tokenizer
 
 test_conformance_numpy = architecture_conformance("qwen3next", runtime=RUNTIME)
 test_conformance_torch = architecture_conformance(
@@ -148,3 +152,48 @@ def test_files_it_cannot_run_are_refused_with_the_way_out():
     short = gguf.metadata | {"qwen3next.attention.recurrent_layers": [True, False]}
     with pytest.raises(ModelFileError, match="2 layer kinds for 4 layers.*convert it again"):
         arch.config_from_gguf(short, shapes)
+
+
+TEMPLATE = HF_DIR.parents[2] / "chat-templates" / "Qwen-Qwen3-0.6B.jinja"
+SYSTEM = {"role": "system", "content": "You answer in one short sentence."}
+USER = {"role": "user", "content": "What is the capital of France?"}
+THOUGHT = {"role": "assistant", "content": "<think>\nIt is Paris.\n</think>\n\nParis."}
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"function": {"name": "capital", "arguments": {"country": "Italy"}}}],
+}
+RESULT = {"role": "tool", "content": "Rome"}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "capital",
+        "description": "The capital of a country.",
+        "parameters": {"type": "object", "properties": {"country": {"type": "string"}}},
+    },
+}
+#: (messages, tools, add_generation_prompt, extra template variables)
+CONVERSATIONS = {
+    "system-user": ([SYSTEM, USER], None, True, {}),
+    "thought-then-follow-up": ([USER, THOUGHT, USER], None, True, {}),
+    "finished": ([SYSTEM, USER, THOUGHT], None, False, {}),
+    "tool-call-and-result": ([USER, CALL, RESULT], [TOOL], True, {}),
+    "thinking-off": ([USER], None, True, {"enable_thinking": False}),
+}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+def test_chat_template_renders_as_transformers_renders_it(source, conversation):
+    messages, tools, add_generation_prompt, extra = CONVERSATIONS[conversation]
+    tok = Tokenizer.from_path(SOURCES[source])
+    assert tok.chat_template == TEMPLATE.read_text(encoding="utf-8")  # Qwen3's, as shipped
+    eos = tok.token_to_piece(tok.eos_id)
+    ours = ChatTemplate(tok.chat_template, "", eos)
+    hf = transformers.AutoTokenizer.from_pretrained(HF_DIR)
+    want = hf.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+    )
+    got = ours.render(messages, tools, add_generation_prompt=add_generation_prompt, **extra)
+    assert got == want
+    assert USER["content"] in got
