@@ -37,6 +37,13 @@ def test_without_the_web_ui_plugin_no_url_is_announced():
     ]
 
 
+def test_a_wildcard_address_is_announced_at_the_loopback_one():
+    lines = start_lines(["http://0.0.0.0:9931", "http://[::]:9931"], "m", Runtime().routes())
+    assert lines[1] == "tessera serve: web UI at http://127.0.0.1:9931/, http://[::1]:9931/"
+    lines = start_lines(["http://0.0.0.0:9931", "http://127.0.0.1:9931"], "m", Runtime().routes())
+    assert lines[1] == "tessera serve: web UI at http://127.0.0.1:9931/"  # once
+
+
 def test_a_unix_socket_alone_gets_no_web_ui_line():
     assert start_lines(["unix:/tmp/t.sock"], "m", Runtime().routes()) == [
         "tessera serve: unix:/tmp/t.sock (m)"
@@ -71,7 +78,9 @@ def _serve_and_read(env: dict[str, str]) -> tuple[list[str], str]:
             page = f"HTTP {exc.code}"
     finally:
         proc.terminate()
-        rest = proc.communicate(timeout=30)[1]
+        proc.wait(30)
+        # the same text stream readline used: its buffer may hold lines read ahead
+        rest = proc.stderr.read()
     lines = [first.rstrip("\n")] + [x for x in rest.splitlines() if x.startswith("tessera serve:")]
     return lines, page
 
