@@ -138,6 +138,13 @@ def test_response_format_json_is_the_servers_chat_answer(llm, server):
     lcp = {"type": "json_object", "schema": fmt["json_schema"]["schema"]}
     again = llm.chat(messages, max_tokens=60, temperature=0, response_format=lcp)
     assert again["choices"][0]["message"]["content"] == content
+    # any JSON object, sampled
+    plain = {"type": "json_object"}
+    kw = {"max_tokens": 24, "temperature": 0.8, "seed": 11}
+    got = llm.chat(messages, response_format=plain, **kw)["choices"][0]["message"]["content"]
+    body = {"messages": messages, "response_format": plain, **kw}
+    want = _post(server, "/v1/chat/completions", body)
+    assert got.lstrip().startswith("{") and got == want["choices"][0]["message"]["content"]
 
 
 def test_stream_takes_the_same_keywords(llm):
