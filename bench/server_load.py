@@ -33,6 +33,7 @@ from pathlib import Path
 from batched_bench_rows import model_path  # noqa: E402 (bench/ is the script's directory)
 from server_load_client import run_level
 from server_load_servers import (
+    Server,
     ServerFlags,
     cpu_model,
     llama_server_version,
@@ -112,6 +113,43 @@ def _check_args(args: argparse.Namespace, levels: list[int]) -> None:
         )
 
 
+def _measure(
+    servers: list[Server], levels: list[int], n_slots: int, args: argparse.Namespace
+) -> list[dict]:
+    """Warm-up, then every client count on every server, the order alternating per count;
+    each row also has the CPU seconds the idle server used meanwhile."""
+    for s in servers:  # first-call costs stay out of the numbers; every slot once
+        warm = run_level(s.name, s.url, n_slots, n_slots, 4, kind=args.client, first=100)
+        if warm["failed"]:
+            raise SystemExit(f"{s.name} failed its warm-up: {warm['failures'][0]}")
+    rows = []
+    for i, n in enumerate(levels):
+        for s in servers if i % 2 == 0 else servers[::-1]:
+            idle = [o for o in servers if o is not s]
+            idle_cpu = sum(o.cpu_seconds() for o in idle)
+            row = run_level(
+                s.name,
+                s.url,
+                n,
+                max(args.requests, n),
+                args.max_tokens,
+                duration=args.duration,
+                kind=args.client,
+                prompt_words=args.prompt_words,
+            )
+            # an idle server must not take the cores the measured one needs
+            row["idle_server_cpu_s"] = sum(o.cpu_seconds() for o in idle) - idle_cpu
+            print(
+                f"  {s.name} {n} clients: {row['out_tok_per_s']:.1f} tok/s, "
+                f"{row['failed']} failed; the idle server used "
+                f"{row['idle_server_cpu_s']:.2f} CPU s in {row['wall_s']:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            rows.append(row)
+    return rows
+
+
 def main() -> int:
     args = _args()
     levels = [int(c) for c in args.clients.split(",")]
@@ -133,7 +171,6 @@ def main() -> int:
     )
     load_before = os.getloadavg()
     servers = []
-    rows = []
     try:
         servers.append(start_tessera(flags, args.server_args.split()))
         if args.llama_server is not None:
@@ -148,34 +185,7 @@ def main() -> int:
             ctx_note = slot_ctx_note(*slot_ctx.values(), train, per_request)
         else:
             ctx_note = f"one slot holds {slot_ctx['tessera']} tokens"
-        for s in servers:  # first-call costs stay out of the numbers; every slot once
-            warm = run_level(s.name, s.url, n_slots, n_slots, 4, kind=args.client, first=100)
-            if warm["failed"]:
-                raise SystemExit(f"{s.name} failed its warm-up: {warm['failures'][0]}")
-        for i, n in enumerate(levels):
-            for s in servers if i % 2 == 0 else servers[::-1]:
-                idle = [o for o in servers if o is not s]
-                idle_cpu = [o.cpu_seconds() for o in idle]
-                row = run_level(
-                    s.name,
-                    s.url,
-                    n,
-                    max(args.requests, n),
-                    args.max_tokens,
-                    duration=args.duration,
-                    kind=args.client,
-                    prompt_words=args.prompt_words,
-                )
-                # an idle server must not take the cores the measured one needs
-                row["idle_server_cpu_s"] = sum(o.cpu_seconds() for o in idle) - sum(idle_cpu)
-                print(
-                    f"  {s.name} {n} clients: {row['out_tok_per_s']:.1f} tok/s, "
-                    f"{row['failed']} failed; the idle server used "
-                    f"{row['idle_server_cpu_s']:.2f} CPU s in {row['wall_s']:.1f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                rows.append(row)
+        rows = _measure(servers, levels, n_slots, args)
     finally:
         for s in servers:
             s.stop()
