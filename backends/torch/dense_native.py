@@ -46,8 +46,9 @@ def dense_native(backend: Any) -> Any:
 
 def dense_gemv(backend: Any, w: torch.Tensor, n_rows: int) -> tuple[str, torch.Tensor] | None:
     """``(kind, w)`` when a matmul of ``n_rows`` rows by the plain tensor ``w`` runs the native
-    dense GEMV (``kind`` ``"BF16"`` or ``"F16"``), else None."""
-    if n_rows >= NATIVE_DENSE_MAX_ROWS or w.dim() != 2 or w.device.type != "cpu":
+    dense GEMV (``kind`` ``"BF16"`` or ``"F16"``), else None (also for no rows: a pruned
+    layer's empty matmul is torch's)."""
+    if not 0 < n_rows < NATIVE_DENSE_MAX_ROWS or w.dim() != 2 or w.device.type != "cpu":
         return None
     kind = DENSE_KINDS.get(w.dtype)
     if kind is None or not w.is_contiguous() or dense_native(backend) is None:

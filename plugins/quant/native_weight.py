@@ -45,14 +45,17 @@ class NativeBlockWeight:
     def matmul(self, x: Any) -> Any:
         import torch.nn.functional as F
 
+        if x.shape[0] == 0:  # a pruned layer's rows when no logits are asked for
+            return x.new_empty((0, self.shape[0]))
         if x.shape[0] < self.max_rows:
             return self.native.matmul(self.kind, self.raw, x)
         # dequantized into a buffer the next weight's matmul reuses: F.linear is done with it
         return F.linear(x, self.native.dequantize_typed(self.kind, self.raw, x.dtype, scratch=True))
 
     def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
-        """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the native GEMV."""
-        return (self.kind, self.raw) if n_rows < self.max_rows else None
+        """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the native GEMV (not
+        for no rows: a pruned layer's empty matmul is the dense path's)."""
+        return (self.kind, self.raw) if 0 < n_rows < self.max_rows else None
 
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch

@@ -257,6 +257,18 @@ def test_backend_matmul_n_batches_weights_of_one_block_type(native, monkeypatch)
         assert np.all(np.abs(b.to_numpy(y) - want) <= bound)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_rows_give_empty_outputs(native, kind):
+    """A prefill chunk that asks for no logits prunes the last layer to zero rows: its
+    matmuls (one weight, and Q/K/V or gate/up batched) answer with empty outputs."""
+    b = backend()
+    loaded = [raw_tensor(kind, n, seed=n) for n in (24, 8)]
+    ws = [b.load_weight(raw, qt) for raw, qt, _ in loaded]
+    x = b.from_numpy(np.zeros((0, 512), np.float32))
+    assert tuple(b.matmul(x, ws[0]).shape) == (0, 24)
+    assert [tuple(y.shape) for y in b.matmul_n(x, ws)] == [(0, 24), (0, 8)]
+
+
 # -- models: the trained default model in llama-quantize's mixes ------------------------
 
 
