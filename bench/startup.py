@@ -1,0 +1,128 @@
+"""Start-up to first token, tessera vs llama.cpp's llama-simple, side by side.
+
+    nice -n 19 python bench/startup.py --model F16=/tmp/m-f16.gguf --model Q8_0=/tmp/m-q8_0.gguf \\
+        --llama-simple /tmp/llama-build/bin/llama-simple -r 5 \\
+        --variant "numpy F16=TESSERA_DISABLE_KERNELS=F16"
+
+Each process is timed from its start to its exit: ``tessera run -m FILE -p Hello -n 1``
+(load, tokenize, prefill, one token) and ``llama-simple -m FILE -n 1 Hello`` (the same
+work). Every round runs each engine (and each ``--variant``, tessera with extra
+environment variables) once per model, in a rotated order so a drift in machine load
+hits all alike. The table gives the median and the best wall time over the rounds, the
+median CPU time (user + system) and the median ratio to llama-simple. The model files'
+pages are read once first, so every run finds them in the page cache.
+Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: One run: (wall seconds, CPU seconds).
+Sample = tuple[float, float]
+
+
+def timed(cmd: list[str], env: dict[str, str]) -> Sample:
+    """Wall and CPU time (user + system) of ``cmd`` run to its end; a failure stops the bench."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {' | '.join(tail)}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def warm_page_cache(path: str) -> None:
+    """Read the file once so that no engine pays for the disk."""
+    with open(path, "rb") as f:
+        while f.read(1 << 24):
+            pass
+
+
+def parse_pairs(values: list[str], what: str) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` arguments as pairs; a missing ``=`` is an error naming the argument."""
+    pairs = []
+    for v in values:
+        name, sep, rest = v.partition("=")
+        if not sep or not name or not rest:
+            raise SystemExit(f"{what} '{v}' is not NAME=VALUE; e.g. {what} F16=/tmp/m.gguf")
+        pairs.append((name, rest))
+    return pairs
+
+
+def engines(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, str]]]:
+    """``(label, command prefix, environment)`` of every engine and variant measured."""
+    base = dict(os.environ)
+    out = [("tessera", [args.tessera, "run", "-p", args.prompt, "-n", "1", "-m"], base)]
+    for label, assignment in parse_pairs(args.variant, "--variant"):
+        env = dict(base)
+        for item in assignment.split(","):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise SystemExit(f"--variant '{label}={assignment}': '{item}' is not VAR=VALUE")
+            env[key] = value
+        out.append((f"tessera {label}", out[0][1], env))
+    if args.llama_simple:
+        lib = str(Path(args.llama_simple).resolve().parent)
+        env = dict(base, LD_LIBRARY_PATH=lib + os.pathsep + base.get("LD_LIBRARY_PATH", ""))
+        out.append(("llama-simple", [args.llama_simple, "-n", "1", "-m"], env))
+    return out
+
+
+def command(prefix: list[str], model: str, label: str, prompt: str) -> list[str]:
+    """The full command line: llama-simple takes the prompt last, tessera takes it by -p."""
+    return [*prefix, model, prompt] if label == "llama-simple" else [*prefix, model]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", action="append", required=True, help="NAME=PATH of a GGUF")
+    ap.add_argument("--tessera", default=str(Path(sys.executable).parent / "tessera"))
+    ap.add_argument("--llama-simple", default=None, help="path of a llama-simple binary")
+    ap.add_argument(
+        "--variant", action="append", default=[], help="LABEL=VAR=VALUE[,VAR=VALUE]: tessera so"
+    )
+    ap.add_argument("-r", "--rounds", type=int, default=5)
+    ap.add_argument("--prompt", default="Hello")
+    args = ap.parse_args()
+    models = parse_pairs(args.model, "--model")
+    runs = engines(args)
+    for _, path in models:
+        warm_page_cache(path)
+    samples: dict[tuple[str, str], list[Sample]] = {}
+    for r in range(args.rounds):
+        for name, path in models:
+            k = r % len(runs)
+            for label, prefix, env in runs[k:] + runs[:k]:
+                sample = timed(command(prefix, path, label, args.prompt), env)
+                samples.setdefault((name, label), []).append(sample)
+                print(f"round {r + 1} {name} {label}: {sample[0]:.2f} s", file=sys.stderr)
+    print("| model | engine | wall median (s) | wall best (s) | CPU median (s) | x llama-simple |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name, _ in models:
+        ref = samples.get((name, "llama-simple"))
+        for label, _, _ in runs:
+            got = samples[(name, label)]
+            walls = [w for w, _ in got]
+            ratio = "—"
+            if ref is not None:
+                ratios = [w / rw for w, (rw, _) in zip(walls, ref, strict=True)]
+                ratio = f"{statistics.median(ratios):.1f}x"
+            print(f"| {name} | {label} | {statistics.median(walls):.2f} | {min(walls):.2f} | "
+                  f"{statistics.median(c for _, c in got):.2f} | {ratio} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
