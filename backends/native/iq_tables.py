@@ -5,9 +5,7 @@ IQ3_S and the ``ksigns`` table, taken from ``gguf.quants`` (its ``grid_hex`` / `
 
 Each grid point becomes its signed bytes packed little-endian into one integer (uint64 for
 runs of 8, uint32 for IQ3's runs of 4); IQ1's points are stored times 8 so that a point plus
-its ``delta = ±1/8`` is the integer ``8 grid ± 1``. ``TSR_SIGN_MASK[b]`` has byte ``j`` 0xFF
-where bit ``j`` of ``b`` is set (the sign bytes of IQ2_S / IQ3_S, and ``ksigns`` through
-``TSR_KSIGNS``).
+its ``delta = ±1/8`` is the integer ``8 grid ± 1``. ``TSR_KSIGNS`` is gguf's ``ksigns``.
 """
 
 from __future__ import annotations
@@ -76,8 +74,6 @@ def header_text() -> str:
         c_type, digits = ("uint64_t", 16) if points.shape[1] == 8 else ("uint32_t", 8)
         out.append(_table(c_type, c_name, _packed(points), digits))
     out.append(_table("uint8_t", "TSR_KSIGNS", [int(v) for v in ksigns()], 2))
-    bits = (np.arange(256)[:, None] >> np.arange(8)) & 1
-    out.append(_table("uint64_t", "TSR_SIGN_MASK", _packed(-bits), 16))
     out.append("#endif\n")
     return "".join(out)
 

@@ -1,8 +1,9 @@
 /* One weight row times a few int8 activation rows, and rows to float32, for the grid types
- * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (native_iq.h decodes a
- * super-block into 32 runs of 8 signed bytes and a float32 scale per 16 values).
+ * IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (native_iq.h reads a group of
+ * 32 values as four grid points and their sign bits, and a float32 scale per 16 values).
  *
- * Each block of 32 values is one integer dot product of its signed bytes against the int8
+ * Each group's grid points make one vector, its sign bits a byte mask (AVX512BW: one
+ * vpmovm2b), and the group is one integer dot product of its signed bytes against the int8
  * activations (dot_s8s8: the magnitudes are at most 62, so AVX2's int16 pair sums cannot
  * saturate); its lanes 0-3 and 4-7 are the two groups of 16, scaled in float32 by the weight
  * scale times the activation scale d16 (IQ1: the scale times 1/8, its values being
@@ -17,12 +18,97 @@
 
 #if TSR_AVX2
 
-/* The signed bytes of runs 4 b .. 4 b + 3 (values 32 b .. 32 b + 31). */
-ALWAYS_INLINE __m256i iq_block(int type, const iq_superblock *s, int b) {
-    const __m256i g = _mm256_loadu_si256((const __m256i *)(s->grid + 4 * b));
-    const __m256i m = _mm256_loadu_si256((const __m256i *)(s->mod + 4 * b));
-    if (iq_is_iq1(type)) return _mm256_add_epi8(g, m);
-    return _mm256_sub_epi8(_mm256_xor_si256(g, m), m);
+/* Byte j = 0xFF where bit j of bits is set, else 0. */
+ALWAYS_INLINE __m256i iq_bit_mask(uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_movm_epi8((__mmask32)bits);
+#else
+    const __m256i which = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), which);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+#endif
+}
+
+/* The parity of each byte's low 7 bits set as its top bit: the sign byte ksigns maps each
+ * 7-bit index to (an even number of negative values). */
+ALWAYS_INLINE __m256i iq_ksigns_bytes(__m256i idx) {
+    const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128,
+                                         -128, 0, 0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128,
+                                         0, -128, -128, 0);
+    const __m256i low = _mm256_and_si256(idx, _mm256_set1_epi8(15));
+    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(idx, 4), _mm256_set1_epi8(15));
+    const __m256i p = _mm256_xor_si256(_mm256_shuffle_epi8(par, low), _mm256_shuffle_epi8(par, high));
+    return _mm256_or_si256(idx, p);
+}
+
+/* The sign bits of a super-block's eight groups, word g for group g, where they come
+ * through ksigns (IQ2_XXS, IQ3_XXS, IQ2_XS): its 32 7-bit indices made sign bytes in one
+ * vector rather than by 32 table reads. Returns 0 for the other types (iq_group's bits). */
+ALWAYS_INLINE int iq_sign_words(int type, const uint8_t *blk, uint32_t *bits) {
+    __m256i idx;
+    if (type == IQ2_XXS || type == IQ3_XXS) {
+        __m256i aux; /* group g's uint32 in lane g */
+        if (type == IQ3_XXS) {
+            aux = _mm256_loadu_si256((const __m256i *)(blk + 66));
+        } else { /* the odd words of 64 bytes at blk + 2 */
+            const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+            const __m256i lo = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(blk + 2)), odd);
+            const __m256i hi = _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(blk + 34)), odd);
+            aux = _mm256_blend_epi32(lo, hi, 0xF0);
+        }
+        const __m256i seven = _mm256_set1_epi32(0x7F);
+        idx = _mm256_or_si256(_mm256_and_si256(aux, seven),
+                              _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_slli_epi32(seven, 8)));
+        idx = _mm256_or_si256(idx, _mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_slli_epi32(seven, 16)));
+        idx = _mm256_or_si256(idx, _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_slli_epi32(seven, 24)));
+    } else if (type == IQ2_XS) { /* the top 7 bits of 32 uint16 */
+        const __m256i a = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(blk + 2)), 9);
+        const __m256i b = _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(blk + 34)), 9);
+        idx = _mm256_permute4x64_epi64(_mm256_packus_epi16(a, b), 0xD8);
+    } else {
+        return 0;
+    }
+    _mm256_storeu_si256((__m256i *)bits, iq_ksigns_bytes(idx));
+    return 1;
+}
+
+/* Group g (values 32 g .. 32 g + 31) of a super-block: its grid bytes and sign bits. */
+ALWAYS_INLINE __m256i iq_grid_bits(int type, const uint8_t *blk, int g, uint32_t *bits) {
+    uint64_t grid[4];
+    iq_group(type, blk, g, grid, bits);
+    return _mm256_setr_epi64x((long long)grid[0], (long long)grid[1], (long long)grid[2],
+                              (long long)grid[3]);
+}
+
+/* Its signed bytes (IQ1: 8 grid +- 1). */
+ALWAYS_INLINE __m256i iq_block(int type, const uint8_t *blk, int g) {
+    uint32_t bits;
+    const __m256i v = iq_grid_bits(type, blk, g, &bits);
+    const __m256i m = iq_bit_mask(bits);
+    if (iq_is_iq1(type)) return _mm256_add_epi8(v, _mm256_or_si256(m, _mm256_set1_epi8(1)));
+    return _mm256_sub_epi8(_mm256_xor_si256(v, m), m);
+}
+
+/* The activations x with the group's signs: byte j negated where bit j of bits is set (the
+ * IQ2/IQ3 grids are magnitudes, so the dot product takes them unsigned). */
+ALWAYS_INLINE __m256i iq_signed_acts(__m256i x, uint32_t bits) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_mask_sub_epi8(x, (__mmask32)bits, _mm256_setzero_si256(), x);
+#else
+    return _mm256_sign_epi8(x, _mm256_or_si256(iq_bit_mask(bits), _mm256_set1_epi8(1)));
+#endif
+}
+
+/* The integer dot product of group g with the activations at x (32 int8). */
+ALWAYS_INLINE __m256i iq_dot(int type, __m256i grid, uint32_t bits, const int8_t *x) {
+    const __m256i a = _mm256_loadu_si256((const __m256i *)x);
+    if (iq_is_iq1(type)) {
+        const __m256i v = _mm256_add_epi8(grid, _mm256_or_si256(iq_bit_mask(bits), _mm256_set1_epi8(1)));
+        return dot_s8s8(_mm256_setzero_si256(), v, a);
+    }
+    return dot_u8s8(_mm256_setzero_si256(), grid, iq_signed_acts(a, bits));
 }
 
 /* Lanes (2k, 2k + 1) of v to lanes 0-3 and 4-7: the scales of the two groups of 16 of the
@@ -40,21 +126,25 @@ ALWAYS_INLINE void iq_rows(int type, const uint8_t *w, const tsr_acts *a, int64_
     for (int64_t sb = 0; sb < a->n_in / 256; sb++) {
         const uint8_t *blk = w + sb * size;
         for (int off = 0; off < size; off += 64) prefetch1(blk + PREFETCH + off);
-        iq_superblock s;
-        iq_decode(type, blk, &s);
-        const __m256 sc[2] = {_mm256_mul_ps(_mm256_loadu_ps(s.scale), eighth),
-                              _mm256_mul_ps(_mm256_loadu_ps(s.scale + 8), eighth)};
+        float scale[16];
+        iq_scales(type, blk, scale);
+        const __m256 sc[2] = {_mm256_mul_ps(_mm256_loadu_ps(scale), eighth),
+                              _mm256_mul_ps(_mm256_loadu_ps(scale + 8), eighth)};
         __m256 comb[2][QUANT_MI];
         for (int i = 0; i < MI; i++) {
             const float *d16 = a->d16 + (i0 + i) * 2 * a->nb + sb * 16;
             comb[0][i] = _mm256_mul_ps(sc[0], _mm256_loadu_ps(d16));
             comb[1][i] = _mm256_mul_ps(sc[1], _mm256_loadu_ps(d16 + 8));
         }
+        uint32_t words[8];
+        const int vector_signs = iq_sign_words(type, blk, words);
+#pragma GCC unroll 8 /* constant lanes and accumulators in registers, not indexed spills */
         for (int b = 0; b < 8; b++) {
-            const __m256i v = iq_block(type, &s, b);
+            uint32_t bits;
+            const __m256i grid = iq_grid_bits(type, blk, b, &bits);
+            if (vector_signs) bits = words[b];
             for (int i = 0; i < MI; i++) {
-                const int8_t *x = a->q + (i0 + i) * a->n_in + sb * 256 + 32 * b;
-                const __m256i dot = dot_s8s8(_mm256_setzero_si256(), v, _mm256_loadu_si256((const __m256i *)x));
+                const __m256i dot = iq_dot(type, grid, bits, a->q + (i0 + i) * a->n_in + sb * 256 + 32 * b);
                 acc[b & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), iq_pair_lanes(comb[b / 4][i], b % 4),
                                                 acc[b & 1][i]);
             }
@@ -66,16 +156,16 @@ ALWAYS_INLINE void iq_rows(int type, const uint8_t *w, const tsr_acts *a, int64_
 static void iq_dequant(int type, const uint8_t *w, int64_t n_in, float *y) {
     const int size = iq_type_size(type);
     for (int64_t sb = 0; sb < n_in / 256; sb++, w += size, y += 256) {
-        iq_superblock s;
-        iq_decode(type, w, &s);
+        float scale[16];
+        iq_scales(type, w, scale);
         for (int b = 0; b < 8; b++) {
-            const __m256i v = iq_block(type, &s, b);
+            const __m256i v = iq_block(type, w, b);
             const __m128i halves[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
             for (int j = 0; j < 4; j++) {
                 const __m128i bytes = j % 2 ? _mm_srli_si128(halves[j / 2], 8) : halves[j / 2];
                 __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
                 if (iq_is_iq1(type)) f = _mm256_mul_ps(f, _mm256_set1_ps(0.125f)); /* grid + delta */
-                _mm256_storeu_ps(y + 32 * b + 8 * j, _mm256_mul_ps(_mm256_set1_ps(s.scale[2 * b + j / 2]), f));
+                _mm256_storeu_ps(y + 32 * b + 8 * j, _mm256_mul_ps(_mm256_set1_ps(scale[2 * b + j / 2]), f));
             }
         }
     }

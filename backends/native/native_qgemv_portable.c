@@ -194,11 +194,15 @@ static void unpack_q6_k(const uint8_t *b, int8_t *q, float *dg, float *mg) {
 
 /* The grid types (native_iq.h): signed values, a scale per 16 (IQ1: times 1/8), no offsets. */
 static void unpack_iq(int type, const uint8_t *b, int8_t *q, float *dg, float *mg) {
-    iq_superblock s;
-    iq_decode(type, b, &s);
-    for (int r = 0; r < 32; r++)
-        for (int j = 0; j < 8; j++) q[8 * r + j] = iq_value(type, &s, r, j);
-    for (int g = 0; g < 16; g++) dg[g] = s.scale[g] * (iq_is_iq1(type) ? 0.125f : 1.0f), mg[g] = 0.0f;
+    for (int g = 0; g < 8; g++) {
+        uint64_t grid[4];
+        uint32_t bits;
+        iq_group(type, b, g, grid, &bits);
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < 8; j++) q[32 * g + 8 * k + j] = iq_value(type, grid, bits, k, j);
+    }
+    iq_scales(type, b, dg);
+    for (int g = 0; g < 16; g++) dg[g] *= iq_is_iq1(type) ? 0.125f : 1.0f, mg[g] = 0.0f;
 }
 
 #define UNPACK_IQ(name, type) \

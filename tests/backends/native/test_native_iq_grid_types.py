@@ -78,7 +78,7 @@ def check_against_gguf(lib, kind, raw, rows=3, seed=0):
 
 def test_the_generated_tables_are_gguf_grids_and_signs():
     """The header's tables, read back from its text, are gguf's grids (IQ1's times 8) and
-    ksigns, and the sign masks are the bits of each byte."""
+    ksigns."""
     text = iq_tables.header_text()
 
     def table(name):
@@ -91,8 +91,6 @@ def test_the_generated_tables_are_gguf_grids_and_signs():
         points = packed.view(np.int8).reshape(-1, width).astype(np.float32)
         np.testing.assert_array_equal(points, iq_grid.GRIDS[gguf_name] * factor)
     assert table("TSR_KSIGNS") == [int(v) for v in iq_grid.KSIGNS]
-    masks = np.array(table("TSR_SIGN_MASK"), dtype=np.uint64).view(np.uint8).reshape(256, 8)
-    np.testing.assert_array_equal(masks == 0xFF, (np.arange(256)[:, None] >> np.arange(8)) & 1)
 
 
 @pytest.mark.parametrize("kind", GRID_TYPES)
