@@ -1,0 +1,67 @@
+"""Each later stage of the sampler chain (typical_p, top_n_sigma, xtc_*, repeat_last_n,
+presence and frequency penalties) changes what the server samples exactly as the same
+stage does in the in-process generator, through the official openai client and httpx on
+llama-server's /completion.
+
+The oracle is the single-sequence generator with a seeded :class:`Sampler` of the same
+settings (the stages' formulas are checked in tests/core/engine/test_sampler_chain.py);
+each case also checks that the stage changes the text, so the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tessera.engine.context import Context, ContextParams
+from tessera.engine.generate import generate
+from tessera.engine.sampling import Sampler, SamplerParams
+
+PROMPT = "Once upon a time"
+COUNTING = "1, 2, 3, 4, 5, 6,"
+N = 16
+#: Seeded sampling at temperature 1 over the whole vocabulary: every stage has choices to cut.
+BASE = dict(temperature=1.0, seed=7, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def reference(server, prompt: str, **settings) -> str:
+    """The text of the in-process generator sampling with ``settings``."""
+    model = server.model.model
+    tok = model.tokenizer
+    ctx = Context(model, ContextParams(n_ctx=512))
+    ids = tok.encode(prompt, add_special=True, parse_special=True)
+    sampler = Sampler(SamplerParams(**settings))
+    return tok.decode(list(generate(ctx, ids, N, sampler, eog_ids=tok.eog_ids)))
+
+
+STAGES = [
+    pytest.param(PROMPT, dict(typical_p=0.3), id="typical_p"),
+    pytest.param(PROMPT, dict(top_n_sigma=0.5), id="top_n_sigma"),
+    pytest.param(PROMPT, dict(xtc_probability=1.0, xtc_threshold=0.01), id="xtc"),
+    pytest.param(COUNTING, dict(repeat_penalty=3.0, repeat_last_n=4), id="repeat_last_n"),
+    pytest.param(COUNTING, dict(presence_penalty=2.0, frequency_penalty=1.0), id="penalties"),
+]
+
+
+@pytest.mark.parametrize("prompt, stage", STAGES)
+def test_a_stage_on_the_openai_route_samples_as_the_reference(client, server, prompt, stage):
+    want = reference(server, prompt, **BASE, **stage)
+    if "repeat_last_n" in stage:  # against the same penalty over the default window
+        other = reference(server, prompt, **BASE, repeat_penalty=stage["repeat_penalty"])
+    else:
+        other = reference(server, prompt, **BASE)
+    assert want != other, "the stage does not change this text: the test could not fail"
+    kw = {k: v for k, v in {**BASE, **stage}.items() if k in ("temperature", "seed", "top_p")}
+    kw |= {k: v for k, v in stage.items() if k in ("presence_penalty", "frequency_penalty")}
+    extra = {k: v for k, v in {**BASE, **stage}.items() if k not in kw}
+    r = client.completions.create(model="m", prompt=prompt, max_tokens=N, **kw, extra_body=extra)
+    assert r.choices[0].text == want
+
+
+@pytest.mark.parametrize("prompt, stage", STAGES)
+def test_a_stage_on_llama_servers_completion_samples_as_the_reference(server, prompt, stage):
+    body = {"prompt": prompt, "n_predict": N, **BASE, **stage}
+    r = httpx.post(server.url + "/completion", json=body, timeout=120).json()
+    assert r["content"] == reference(server, prompt, **BASE, **stage)
+    for name, value in stage.items():
+        assert r["generation_settings"][name] == value, name
