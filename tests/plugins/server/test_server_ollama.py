@@ -1,6 +1,7 @@
 """Ollama's API against the official ``ollama`` client: what it lists, shows, chats,
 generates and embeds, compared with tessera's own /v1/chat/completions and
-/v1/embeddings for the same greedy request."""
+/v1/embeddings for the same greedy request; and the chat fields that decide where the
+thinking of those answers goes (reasoning_format, chat_template_kwargs)."""
 
 from __future__ import annotations
 
@@ -277,3 +278,34 @@ def test_a_tool_call_is_ollamas_tool_calls_as_chat_completions_parse_it(scripted
         (call.function.name, call.function.arguments)
     ]
     assert "".join(p.message.content for p in parts) == out.message.content
+
+
+def test_reasoning_format_none_leaves_the_thinking_in_the_content(thinking):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    oc = openai.OpenAI(base_url=thinking.v1, api_key="x", max_retries=0)
+    split = oc.chat.completions.create(model="m", messages=messages).choices[0].message
+    raw = (
+        oc.chat.completions.create(
+            model="m", messages=messages, extra_body={"reasoning_format": "none"}
+        )
+        .choices[0]
+        .message
+    )
+    assert split.model_extra["reasoning_content"] == "Let me see."
+    assert raw.model_extra.get("reasoning_content") is None
+    assert raw.content == "<think>\nLet me see.\n</think>\n\nIt is sunny."
+
+
+def test_chat_template_kwargs_reach_the_template(thinking):
+    # Qwen3's template writes an empty think block when enable_thinking is false
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    oc = openai.OpenAI(base_url=thinking.v1, api_key="x", max_retries=0)
+    plain = oc.chat.completions.create(model="m", messages=messages)
+    off = oc.chat.completions.create(
+        model="m",
+        messages=messages,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    block = thinking.model.tokenizer.encode("<think>\n\n</think>\n\n", add_special=False,
+                                            parse_special=True)  # fmt: skip
+    assert off.usage.prompt_tokens == plain.usage.prompt_tokens + len(block)
