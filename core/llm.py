@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import numpy as np
 
 from tessera.engine.cached_sequence import CachedSequence
@@ -26,6 +25,7 @@ from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import GenerationStats, check_prompt
 from tessera.errors import TesseraError
 from tessera.files.load import default_model_path, load_model
+from tessera.llm_options import load_options
 from tessera.llm_responses import Response, RunTotals, chat_chunks, completion_chunks
 from tessera.llm_sampling import (
     CHAT_DEFAULTS,
@@ -38,8 +38,6 @@ from tessera.plugin_manager import PluginFailure, Runtime
 from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
 from tessera.text.stop_strings import StopStringMatcher
 from tessera.text.stream import StreamDecoder
-
-_CONTEXT_FIELDS = tuple(f.name for f in attrs.fields(ContextParams))
 
 
 def _warn(failure: PluginFailure) -> None:
@@ -64,7 +62,8 @@ class LLM:
     where it runs, as ``--backend --device --dtype -t`` do; ``pooling`` is the embedding
     pooling (default: the model's); ``chat_template`` replaces the model's template.
     Other keywords are :class:`~tessera.engine.context.ContextParams` fields (``n_ctx``
-    0 or absent: the model's trained context, at most 4096).
+    0 or absent: the model's trained context, at most 4096) and llama-cpp-python's
+    ``model_path``, ``seed``, ``verbose`` and ``n_gpu_layers`` (:mod:`tessera.llm_options`).
     """
 
     def __init__(
@@ -74,32 +73,29 @@ class LLM:
         backend: str | None = None,
         device: str | None = None,
         dtype: str | None = None,
-        n_threads: int = 0,
+        n_threads: int | None = 0,
         pooling: str | None = None,
         chat_template: str | None = None,
-        **context_params: Any,
+        **options: Any,
     ) -> None:
-        unknown = sorted(set(context_params) - set(_CONTEXT_FIELDS))
-        if unknown:
-            raise TesseraError(
-                f"LLM got unknown option(s) {', '.join(unknown)}; it takes backend, device, "
-                f"dtype, n_threads, pooling, chat_template and {', '.join(_CONTEXT_FIELDS)}"
-            )
+        opts = load_options(model, device, options)
         runtime = Runtime(on_failure=_warn)
         self._keywords = SamplingKeywords(runtime)
+        self._seeds = opts.seeds
         self.model = load_model(
-            model if model is not None else default_model_path(),
+            opts.model if opts.model is not None else default_model_path(),
             runtime,
             backend,
-            progress=True,  # a bar on a terminal's stderr only (never in a notebook or a log)
+            progress=opts.progress,  # a bar on a terminal's stderr only (never in a notebook)
             device=device,
             dtype=dtype,
         )
-        if n_threads > 0:
+        if n_threads and n_threads > 0:  # llama-cpp-python's None: the backend's default
             self.model.backend.set_threads(n_threads)
-        n_ctx = int(context_params.pop("n_ctx", 0) or 0) or min(self.model.n_ctx_train, 4096)
+        context = dict(opts.context)
+        n_ctx = int(context.pop("n_ctx", 0) or 0) or min(self.model.n_ctx_train, 4096)
         #: The context's settings (sizes, flash attention ...).
-        self.context_params = ContextParams(n_ctx=n_ctx, **context_params)
+        self.context_params = ContextParams(n_ctx=n_ctx, **context)
         #: The name the responses carry in ``model`` (the file or folder name).
         self.model_name = Path(self.model.path).name
         self._pooling = pooling
@@ -156,7 +152,7 @@ class LLM:
         ends or the context is full), ``temperature`` (default 0.8; 0: greedy), ``seed``
         (None: random), ``stop``, ``logit_bias``, ``grammar``, ``response_format`` and
         every setting of the sampler chain."""
-        args = self._keywords.parse("complete", sampling, COMPLETE_DEFAULTS, self.tokenizer)
+        args = self._parse("complete", sampling, COMPLETE_DEFAULTS)
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         pieces, totals, response = self._generate("cmpl", tokens, args)
         if stream:
@@ -170,7 +166,7 @@ class LLM:
         ``chat.completion`` dict, or with ``stream`` an iterator of ``chat.completion.chunk``
         dicts. The keywords are :meth:`complete`'s; the defaults are llama-cpp-python's
         (``max_tokens`` None, ``temperature`` 0.2)."""
-        args = self._keywords.parse("chat", sampling, CHAT_DEFAULTS, self.tokenizer)
+        args = self._parse("chat", sampling, CHAT_DEFAULTS)
         tokens = encode_chat_prompt(self.tokenizer, self.chat_prompt(messages))
         pieces, totals, response = self._generate("chatcmpl", tokens, args)
         if stream:
@@ -192,6 +188,14 @@ class LLM:
             self._template = model_chat_template(self.tokenizer, self._template_source)
         return self._template.render(_check_messages(messages), add_generation_prompt=True)
 
+    def _parse(
+        self, method: str, sampling: dict[str, Any], defaults: Mapping[str, Any]
+    ) -> GenerationArgs:
+        """The call's keywords checked; a call naming no seed draws one from the LLM's."""
+        if self._seeds is not None and sampling.get("seed") is None:
+            sampling = {**sampling, "seed": int(self._seeds.integers(0, 2**63))}
+        return self._keywords.parse(method, sampling, defaults, self.tokenizer)
+
     def _generate(
         self, kind: str, tokens: list[int], args: GenerationArgs
     ) -> tuple[Iterator[str], RunTotals, Response]:
@@ -201,11 +205,12 @@ class LLM:
         check_prompt(seq.ctx, tokens)  # refused before a stream is handed back, or one closed
         stops = StopStringMatcher(list(args.stops))
         totals.n_prompt = len(tokens)
+        totals.events = None if args.n_logprobs is None else []
         pieces = self._pieces(seq, tokens, args.n_predict, args.sampler(), stops, totals)
         if self._active is not None:
             self._active.close()  # its record of the cache is settled before the cache moves
         self._active = pieces
-        return pieces, totals, Response.new(kind, self.model_name)
+        return pieces, totals, Response.new(kind, self.model_name, self.tokenizer)
 
     def _pieces(
         self,
@@ -223,6 +228,8 @@ class LLM:
         try:
             for token in generated:
                 totals.n_completion += 1
+                if totals.events is not None:
+                    totals.events.append(sampler.last)
                 check = stops.feed(decoder.feed(token))
                 if check.text:
                     yield check.text

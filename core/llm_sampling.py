@@ -4,10 +4,11 @@
 :class:`~tessera.engine.sampling.SamplerParams` under its own name (llama.cpp's, which are
 llama-cpp-python's where it has the setting: ``temperature``, ``top_k``, ``top_p``,
 ``min_p``, ``typical_p``, ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``,
-``seed``), plus ``max_tokens``, ``stop``, ``logit_bias``, ``grammar`` (GBNF text) and
-``response_format`` (OpenAI's). Logit bias and an output constraint are applied as the
-server's slot engine applies them: the bias is added to the logits, then the constraint
-draws with the plain sampler on the masked row. A constraint kind comes from the plugin
+``seed``), plus ``max_tokens``, ``stop``, ``logit_bias``, ``grammar`` (GBNF text),
+``response_format`` (OpenAI's) and the logprobs keywords (``logprobs=N`` in ``complete``,
+``logprobs=True, top_logprobs=N`` in ``chat``). Logit bias and an output constraint are
+applied as the server's slot engine applies them: the bias is added to the logits, then the
+constraint draws with the plain sampler on the masked row. A constraint kind comes from the plugin
 runtime's catalogue (the ``tessera_register_constraints`` hook), never from an import.
 """
 
@@ -23,22 +24,33 @@ import numpy as np
 
 from tessera.contract.constraints import Constraint, ConstraintSpecError
 from tessera.engine.dry import DryBreakers
+from tessera.engine.logprobs import token_event
 from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.engine.slot_types import TokenEvent
 from tessera.errors import TesseraError, UnknownNameError
 
 #: The keywords that are :class:`SamplerParams` fields (DRY's token-form breakers are made
 #: from ``dry_sequence_breakers`` with the model's vocabulary).
 SAMPLER_KEYWORDS = tuple(a.name for a in attrs.fields(SamplerParams) if a.name != "dry_breakers")
 #: Every sampling keyword of ``complete``, ``chat`` and ``stream``.
-KEYWORDS = (*SAMPLER_KEYWORDS, "max_tokens", "stop", "logit_bias", "grammar", "response_format")
+KEYWORDS = (
+    *SAMPLER_KEYWORDS,
+    "max_tokens",
+    "stop",
+    "logit_bias",
+    "grammar",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+)
+#: The most alternatives per token the logprobs keywords take (OpenAI's and the server's).
+MAX_TOP_LOGPROBS = 20
 #: llama-cpp-python's keywords that name a stage or output tessera does not have, with the
 #: values that leave it off: taken at those (code written for its ``Llama`` runs as it is),
 #: refused at any other. Mirostat's tau and eta do nothing while ``mirostat_mode`` is 0.
 OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "suffix": (None,),
     "echo": (False,),
-    "logprobs": (None, False),
-    "top_logprobs": (None,),
     "tfs_z": (1.0,),
     "mirostat_mode": (0,),
     "mirostat_tau": (),
@@ -59,32 +71,39 @@ CHAT_DEFAULTS: Mapping[str, Any] = {"max_tokens": None, "temperature": 0.2}
 @attrs.frozen
 class GenerationArgs:
     """What one call asked for, checked: the sampler settings, the token budget (-1: until
-    the model ends or the context is full), the stop strings, the logit bias and the
-    factory of the output constraint (None: unconstrained)."""
+    the model ends or the context is full), the stop strings, the logit bias, the
+    factory of the output constraint (None: unconstrained) and the number of top
+    alternatives each token's logprob comes with (None: no logprobs)."""
 
     params: SamplerParams
     n_predict: int
     stops: tuple[str, ...]
     logit_bias: tuple[tuple[int, float], ...] = ()
     constraint: Callable[[], Constraint] | None = attrs.field(default=None, eq=False)
+    n_logprobs: int | None = None
 
     def sampler(self) -> AdjustedSampler:
         """A fresh sampler for one generation (its seeded RNG, a fresh constraint)."""
         made = self.constraint() if self.constraint is not None else None
-        return AdjustedSampler(Sampler(self.params), self.logit_bias, made)
+        return AdjustedSampler(Sampler(self.params), self.logit_bias, made, self.n_logprobs)
 
 
 class AdjustedSampler:
-    """The engine's :class:`Sampler` with a logit bias added and a constraint applied."""
+    """The engine's :class:`Sampler` with a logit bias added and a constraint applied; with
+    ``n_logprobs``, :attr:`last` is the :class:`TokenEvent` of the latest token drawn (its
+    logprob from the raw logits, as the server's slot engine reports it)."""
 
     def __init__(
         self,
         base: Sampler,
         logit_bias: Sequence[tuple[int, float]] = (),
         constraint: Constraint | None = None,
+        n_logprobs: int | None = None,
     ) -> None:
         self.base, self.params, self.rng = base, base.params, base.rng
         self.constraint = constraint
+        self.n_logprobs = n_logprobs
+        self.last: TokenEvent | None = None
         self._ids = np.array([t for t, _ in logit_bias], dtype=np.int64)
         self._bias = np.array([b for _, b in logit_bias], dtype=np.float32)
 
@@ -95,13 +114,17 @@ class AdjustedSampler:
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token as :meth:`Sampler.sample` draws it, after the bias and the constraint."""
+        raw = logits
         if len(self._ids):
             logits = np.array(logits, dtype=np.float32)
             np.add.at(logits, self._ids, self._bias)
         if self.constraint is None:
-            return self.base.sample(logits, history)
-        token = self.constraint.sample(self.base, logits, history)
-        self.constraint.accept(token)
+            token = self.base.sample(logits, history)
+        else:
+            token = self.constraint.sample(self.base, logits, history)
+            self.constraint.accept(token)
+        if self.n_logprobs is not None:
+            self.last = token_event(raw, token, self.n_logprobs)
         return token
 
 
@@ -126,6 +149,35 @@ def _logit_bias(value: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
             )
         out.append((token, float(max(-100.0, min(100.0, bias)))))
     return tuple(out)
+
+
+def _top_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise TesseraError(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {value!r}")
+    return value
+
+
+def _n_logprobs(method: str, args: Mapping[str, Any]) -> int | None:
+    """The alternatives per token asked for (None: no logprobs): ``complete`` takes the
+    completions API's ``logprobs=N``, ``chat`` the chat API's ``logprobs=True`` with
+    ``top_logprobs=N`` (default 0, as the server's)."""
+    logprobs, top = args.get("logprobs"), args.get("top_logprobs")
+    if method == "complete":
+        if top is not None:
+            raise TesseraError(
+                "complete takes logprobs=N for the alternatives; top_logprobs is chat's"
+            )
+        return None if logprobs is None or logprobs is False else _top_count("logprobs", logprobs)
+    if not (logprobs is None or isinstance(logprobs, bool)):
+        raise TesseraError(
+            f"chat's logprobs is True or False (top_logprobs=N asks for alternatives), "
+            f"got {logprobs!r}"
+        )
+    if not logprobs:
+        if top:
+            raise TesseraError("top_logprobs needs logprobs=True as well")
+        return None
+    return _top_count("top_logprobs", 0 if top is None else top)
 
 
 def _response_format(fmt: Any) -> tuple[str, Any] | None:
@@ -193,6 +245,7 @@ class SamplingKeywords:
             stops=(stop,) if isinstance(stop, str) else tuple(stop or ()),
             logit_bias=_logit_bias(args.get("logit_bias"), tokenizer.n_vocab),
             constraint=self._constraint(args, tokenizer),
+            n_logprobs=_n_logprobs(method, args),
         )
 
     def _with_breakers(self, params: SamplerParams, tokenizer: Any) -> SamplerParams:

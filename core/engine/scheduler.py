@@ -37,6 +37,7 @@ import numpy as np
 from tessera.contract.spec import Draft
 from tessera.engine.batch import Batch
 from tessera.engine.draft_rollback import KeptRows, checkpoint, keep_rows
+from tessera.engine.logprobs import token_event
 from tessera.engine.progress import PromptProgress, prompt_progress
 from tessera.engine.slot_types import TokenEvent
 from tessera.engine.verify import NO_DRAFT, accept_draft
@@ -261,12 +262,7 @@ class Scheduler:
             slot.constraint.accept(token)
         else:
             token = slot.sampler.sample(logits, slot.history)
-        event = TokenEvent(token)
-        if req.logprobs is not None:
-            logp = _log_softmax(row)
-            top = np.argsort(-logp, kind="stable")[: req.logprobs]
-            top_logprobs = tuple((int(t), float(logp[t])) for t in top)
-            event = TokenEvent(token, float(logp[token]), top_logprobs)
+        event = TokenEvent(token) if req.logprobs is None else token_event(row, token, req.logprobs)
         self._emit(slot, event, events)
 
     def _emit(self, slot: Slot, event: TokenEvent, events: list[Event]) -> bool:
@@ -291,9 +287,3 @@ class Scheduler:
         else:
             return True
         return False
-
-
-def _log_softmax(row: np.ndarray) -> np.ndarray:
-    row = row.astype(np.float64)
-    shifted = row - row.max()
-    return shifted - np.log(np.exp(shifted).sum())

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from tessera.contract.routes import ApiError
+from tessera.engine.logprobs import completion_logprobs
 from tessera.plugins.server.state import ServedModel, ServerState
 
 from .api_fields import COMPLETIONS
@@ -61,20 +62,7 @@ def echoes(served: ServedModel, f: Fields, prompts: list[list[int]]) -> list[str
 
 def _logprobs(served: ServedModel, run: ChoiceRun, offset: int = 0) -> dict[str, Any]:
     """The legacy ``logprobs`` object: tokens, their logprobs, top alternatives, offsets."""
-    tok = served.tokenizer
-    pieces = [tok.token_to_piece(e.token) for e in run.tokens]
-    offsets, at = [], offset
-    for p in pieces:
-        offsets.append(at)
-        at += len(p)
-    return {
-        "tokens": pieces,
-        "token_logprobs": [e.logprob for e in run.tokens],
-        "top_logprobs": [
-            {tok.token_to_piece(t): lp for t, lp in e.top_logprobs} for e in run.tokens
-        ],
-        "text_offset": offsets,
-    }
+    return completion_logprobs(served.tokenizer, run.tokens, offset)
 
 
 async def completions(request: Request) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 
 from tessera.contract.routes import ApiError
+from tessera.engine.logprobs import chat_logprob_entry
 from tessera.engine.sampling import SEED_LIMIT, SamplerParamError, SamplerParams
 from tessera.engine.slot_types import GenerationRequest, TokenEvent
 from tessera.plugins.server.state import ServedModel
@@ -153,19 +154,7 @@ def logit_bias(f: Fields, served: ServedModel) -> tuple[tuple[int, float], ...]:
 
 def logprob_entry(served: ServedModel, event: TokenEvent) -> dict[str, Any]:
     """One chat ``logprobs.content`` entry (token text, logprob, bytes, alternatives)."""
-    tok = served.tokenizer
-
-    def one(token: int, logprob: float) -> dict[str, Any]:
-        raw = tok.token_to_bytes(token)
-        return {
-            "token": raw.decode("utf-8", errors="replace"),
-            "logprob": logprob,
-            "bytes": list(raw),
-        }
-
-    entry = one(event.token, event.logprob)
-    entry["top_logprobs"] = [one(t, lp) for t, lp in event.top_logprobs]
-    return entry
+    return chat_logprob_entry(served.tokenizer, event)
 
 
 def sse(data: Any) -> bytes:

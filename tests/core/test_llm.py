@@ -253,9 +253,9 @@ def test_a_prompt_too_long_is_a_context_overflow(llm):
         llm.complete("word " * 600)
 
 
-def test_unknown_options_are_named():
-    with pytest.raises(TesseraError, match="n_gpu_layers"):
-        tessera.LLM(backend="numpy", n_gpu_layers=10)
+def test_unknown_options_are_a_type_error_naming_them():
+    with pytest.raises(TypeError, match="unknown option.*n_gpu_split.*it takes"):
+        tessera.LLM(backend="numpy", n_gpu_split=10)
 
 
 def test_a_closed_llm_refuses_work():

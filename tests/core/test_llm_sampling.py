@@ -64,7 +64,8 @@ def _post(server, route: str, body: dict) -> dict:
 def test_every_sampler_field_is_a_keyword():
     fields = {a.name for a in attrs.fields(SamplerParams)} - {"dry_breakers"}
     assert set(SAMPLER_KEYWORDS) == fields
-    assert {"max_tokens", "stop", "logit_bias", "grammar", "response_format"} <= set(KEYWORDS)
+    others = {"max_tokens", "stop", "logit_bias", "grammar", "response_format", "logprobs"}
+    assert others | {"top_logprobs"} <= set(KEYWORDS)
 
 
 def test_the_whole_chain_is_the_engines_sampler_with_the_same_seed(llm):
@@ -178,7 +179,7 @@ def test_llama_cpp_python_keywords_at_their_off_values_change_nothing(llm):
 
 
 @pytest.mark.parametrize(
-    "kw", [{"mirostat_mode": 2}, {"tfs_z": 0.9}, {"echo": True}, {"logprobs": 0}, {"tools": []}]
+    "kw", [{"mirostat_mode": 2}, {"tfs_z": 0.9}, {"echo": True}, {"tools": []}]
 )
 def test_a_llama_cpp_python_stage_tessera_lacks_is_refused_by_name(llm, kw):
     (name,) = kw
