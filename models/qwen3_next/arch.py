@@ -27,6 +27,7 @@ from tessera.models.qwen3_next.config import ARCH, CONFIG_FIELDS, Qwen3NextConfi
 from tessera.models.qwen3_next.delta_net import STACKED_DECODE
 from tessera.models.qwen3_next.graph import Qwen3NextGraph
 from tessera.models.qwen3_next.hf import qwen3_next_tensors
+from tessera.models.qwen3_next.rope import rope_scaling_to_gguf
 from tessera.models.qwen3_next.shapes import tensor_shapes
 
 TESSERA_PLUGIN_API = 2
@@ -56,6 +57,7 @@ class Qwen3NextArchitecture(Architecture):
             f"{a}.ssm.inner_size": c.value_dim,
             f"{a}.attention.recurrent_layers": list(c.recurrent),
         }
+        meta |= rope_scaling_to_gguf(c.rope_scaling, a)
         if not c.norm_topk_prob:  # llama.cpp always renormalizes; say when not
             meta[f"{a}.expert_weights_norm"] = False
         return meta
@@ -82,7 +84,9 @@ class Qwen3NextArchitecture(Architecture):
         return Qwen3NextConfig(**fields)
 
     def required_ops(self, c: Qwen3NextConfig) -> list[tuple[str, dict[str, Any]]]:
-        return [
+        rot = {"n_rot": c.n_rot, "head_dim": c.head_dim, "neox": True}
+        yarn = [("rope_ext", rot)] if c.rope_scaling.kind == "yarn" else []
+        return yarn + [
             ("get_rows", {}),
             ("matmul", {}),
             ("add", {}),
@@ -91,7 +95,7 @@ class Qwen3NextArchitecture(Architecture):
             ("silu", {}),
             ("swiglu", {}),
             ("rms_norm", {"n": c.n_embd}),
-            ("rope", {"n_rot": c.n_rot, "head_dim": c.head_dim, "neox": True}),
+            ("rope", rot),
             ("attention", {"n_head": c.n_head, "n_head_kv": c.n_head_kv, "head_dim": c.head_dim}),
             ("set_rows", {}),
             ("sigmoid", {}),

@@ -13,6 +13,11 @@ from tessera.contract.arch import metadata_key
 from tessera.contract.names import REQUIRED, ConfigField
 from tessera.contract.routing import ExpertRouting
 from tessera.errors import ModelFileError
+from tessera.models.qwen3_next.rope import (
+    RopeScaling,
+    rope_scaling_from_gguf,
+    rope_scaling_from_hf,
+)
 
 ARCH = "qwen3next"
 
@@ -31,6 +36,7 @@ class Qwen3NextConfig:
     n_ctx_train: int = 4096
     rms_eps: float = 1e-6
     rope_freq_base: float = 10000.0
+    rope_scaling: RopeScaling = RopeScaling()
     #: RoPE turns the first ``n_rot`` values of each head (a quarter in Qwen3-Next).
     n_rot: int
     #: Per layer: True for a gated delta-net layer, False for gated full attention.
@@ -116,6 +122,7 @@ def config_from_gguf(
     return Qwen3NextConfig(
         **fields | {"n_vocab": int(fields["n_vocab"] or shapes["token_embd.weight"][0])},
         rope_freq_base=float(metadata.get(f"{ARCH}.rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling_from_gguf(metadata, ARCH),
         n_rot=int(metadata.get(f"{ARCH}.rope.dimension_count", fields["head_dim"])),
         recurrent=tuple(bool(r) for r in recurrent),
         v_head_dim=inner // fields["n_v_heads"],
@@ -138,17 +145,13 @@ def config_from_hf(fields: dict[str, Any], hf: Mapping[str, Any]) -> Qwen3NextCo
         "full_attention" if (il + 1) % int(hf.get("full_attention_interval", 4)) == 0 else ""
         for il in range(n_layer)
     ]
-    rope = dict(hf.get("rope_parameters") or {})
-    if rope.get("rope_type", "default") != "default":
-        raise ModelFileError(
-            f"this qwen3_next checkpoint scales RoPE with '{rope['rope_type']}'; tessera's "
-            "qwen3next runs unscaled RoPE"
-        )
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25)))
     return Qwen3NextConfig(
         **fields,
         rope_freq_base=theta,
+        rope_scaling=rope_scaling_from_hf(rope),
         n_rot=int(fields["head_dim"] * partial),
         recurrent=tuple(kind != "full_attention" for kind in kinds),
         v_head_dim=int(hf["linear_value_head_dim"]),

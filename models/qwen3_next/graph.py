@@ -20,6 +20,7 @@ from tessera.contract.experts import ModelExperts, moe_ffn_enabled, moe_ffn_fall
 from tessera.contract.routing import route_experts
 from tessera.models.qwen3_next.config import Qwen3NextConfig
 from tessera.models.qwen3_next.delta_net import GatedDeltaNet
+from tessera.models.qwen3_next.rope import rotation
 
 
 class Qwen3NextGraph:
@@ -35,6 +36,7 @@ class Qwen3NextGraph:
         self.c, self.w, self.b, self.experts = config, weights, backend, experts
         self.output = weights.get("output.weight", weights["token_embd.weight"])
         self.delta_net = GatedDeltaNet(config, weights, backend)
+        self.rotation = rotation(config.n_rot, config.rope_freq_base, config.rope_scaling)
         self.use_op, why = moe_ffn_enabled(
             backend, n_expert=config.n_expert, n_expert_used=config.n_expert_used
         )
@@ -49,8 +51,8 @@ class Qwen3NextGraph:
         v = b.matmul(h, w[p + "attn_v.weight"]).reshape(n, c.n_head_kv, d)
         q = b.rms_norm(q, w[p + "attn_q_norm.weight"], c.rms_eps)
         k = b.rms_norm(k, w[p + "attn_k_norm.weight"], c.rms_eps)
-        q = b.rope(q, inp.positions, c.n_rot, c.rope_freq_base, True)
-        k = b.rope(k, inp.positions, c.n_rot, c.rope_freq_base, True)
+        q = self.rotation.apply(b, q, inp.positions)
+        k = self.rotation.apply(b, k, inp.positions)
         kv = inp.kv
         b.set_rows(kv.k[il], kv.cells, k)
         b.set_rows(kv.v[il], kv.cells, v)

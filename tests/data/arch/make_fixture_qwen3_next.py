@@ -2,6 +2,8 @@
 
 - ``hf/``: a random-weight ``Qwen3NextForCausalLM`` that transformers writes (float32);
 - ``qwen3next-f32.gguf``: what llama.cpp's own converter writes from it (``--outtype f32``);
+- ``qwen3next-yarn-f32.gguf``: the converter's file of the same folder with :data:`YARN`'s
+  changes to its ``config.json`` (the tests make that folder again from ``hf/``);
 - ``README.md``: how they were made.
 
 Not run in CI (CI has no llama.cpp); the tests read the committed files. Run::
@@ -23,6 +25,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -66,6 +69,19 @@ CONFIG = {
     "eos_token_id": 2,
     "pad_token_id": 0,
 }
+#: The YaRN variant's config.json changes: Qwen3-Next's long-context recipe (factor 4), over
+#: an original context short enough that this model's two rotated pairs fall on both ends
+#: of YaRN's ramp.
+YARN = {
+    "max_position_embeddings": 256,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
 #: Weights N(0, 0.1) (norm weights 0.1 noise around transformers' zero, i.e. around 1),
 #: the router N(0, 0.5) so the top-2 choice is decisive; A_log and dt_bias keep
 #: transformers' own initialization (decays spread over [0.01, 16]).
@@ -86,6 +102,9 @@ README = """# `qwen3_next`: a random-weight Qwen3NextForCausalLM and llama.cpp's
 - `qwen3next-f32.gguf`: `convert_hf_to_gguf.py hf --outtype f32 --no-mtp` of the llama.cpp sources
   vendored by llama-cpp-python 0.3.36 (with its `gguf-py`; its `Qwen3NextModel`),
   answering `gpt-2` for the test vocabulary's unknown pre-tokenizer hash.
+- `qwen3next-yarn-f32.gguf`: the same conversion of `hf/` with `config.json`'s
+  `rope_parameters` set to YaRN, factor 4 over an original context of 64, and
+  `max_position_embeddings` 256 (`YARN` in the script; the tests rebuild that folder).
 
 Made by `tests/data/arch/make_fixture_qwen3_next.py` (Python {python}); not made in CI.
 """
@@ -184,6 +203,14 @@ def main(argv: list[str]) -> None:
     gguf = OUT / "qwen3next-f32.gguf"
     cmd = [sys.executable, __file__, "--convert", str(llama_cpp), str(OUT / "hf"), str(gguf)]
     subprocess.run(cmd, check=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        yarn = Path(tmp) / "hf-yarn"
+        shutil.copytree(OUT / "hf", yarn)
+        config = json.loads((yarn / "config.json").read_text())
+        (yarn / "config.json").write_text(json.dumps(config | YARN, indent=2))
+        out = OUT / "qwen3next-yarn-f32.gguf"
+        cmd = [sys.executable, __file__, "--convert", str(llama_cpp), str(yarn), str(out)]
+        subprocess.run(cmd, check=True)
     (OUT / "README.md").write_text(
         README.format(
             transformers=transformers.__version__,
