@@ -34,6 +34,7 @@ from tessera.llm_sampling import (
     GenerationArgs,
     SamplingKeywords,
 )
+from tessera.llm_tools import offered_tools
 from tessera.plugin_manager import PluginFailure, Runtime
 from tessera.text.chat_prompt import encode_chat_prompt, model_chat_template
 from tessera.text.stop_strings import StopStringMatcher
@@ -164,10 +165,12 @@ class LLM:
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Answer OpenAI-style ``messages`` with the model's chat template; a
         ``chat.completion`` dict, or with ``stream`` an iterator of ``chat.completion.chunk``
-        dicts. The keywords are :meth:`complete`'s; the defaults are llama-cpp-python's
-        (``max_tokens`` None, ``temperature`` 0.2)."""
+        dicts. The keywords are :meth:`complete`'s and ``tools``/``tool_choice``
+        (:mod:`tessera.llm_tools`); the defaults are llama-cpp-python's (``max_tokens``
+        None, ``temperature`` 0.2)."""
+        tools = offered_tools(sampling.pop("tools", None), sampling.pop("tool_choice", None))
         args = self._parse("chat", sampling, CHAT_DEFAULTS)
-        tokens = encode_chat_prompt(self.tokenizer, self.chat_prompt(messages))
+        tokens = encode_chat_prompt(self.tokenizer, self.chat_prompt(messages, tools))
         pieces, totals, response = self._generate("chatcmpl", tokens, args)
         if stream:
             return chat_chunks(response, pieces, totals)
@@ -182,11 +185,11 @@ class LLM:
 
     create_completion, create_chat_completion = complete, chat  # llama-cpp-python's names
 
-    def chat_prompt(self, messages: list[dict]) -> str:
-        """The prompt text :meth:`chat` evaluates for ``messages``."""
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """The prompt text :meth:`chat` evaluates for ``messages`` (and offered ``tools``)."""
         if self._template is None:  # compiled once
             self._template = model_chat_template(self.tokenizer, self._template_source)
-        return self._template.render(_check_messages(messages), add_generation_prompt=True)
+        return self._template.render(_check_messages(messages), tools, add_generation_prompt=True)
 
     def _parse(
         self, method: str, sampling: dict[str, Any], defaults: Mapping[str, Any]

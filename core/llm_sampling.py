@@ -58,7 +58,7 @@ OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "model": (None,),
     "stopping_criteria": (None,),
     "logits_processor": (None,),
-    "tools": (None,),
+    "tools": (None,),  # chat takes them (tessera.llm_tools), complete at None only
     "tool_choice": (None,),
     "functions": (None,),
     "function_call": (None,),
