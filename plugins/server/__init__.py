@@ -32,6 +32,8 @@ _ROUTES = [
     ("/props", "admin", "props", ("GET",), False),
     ("/props", "admin", "update_props", ("POST",), False),
     ("/metrics", "admin", "metrics", ("GET",), False),
+    ("/lora-adapters", "lora_adapters", "lora_adapters", ("GET",), False),
+    ("/lora-adapters", "lora_adapters", "set_lora_adapters", ("POST",), False),
     ("/tokenize", "admin", "tokenize", ("POST",), False),
     ("/detokenize", "admin", "detokenize", ("POST",), False),
     ("/slots", "admin", "slots", ("GET",), False),

@@ -147,8 +147,12 @@ ROUTES: tuple[tuple[str, str, str], ...] = (
         _SERVED + " (status unloaded, loading or loaded; failed: "
         "true after a failed load; no args, the models run in the server's process)",
     ),
-    ("llama-server", "GET /lora-adapters", "not served: LoRA adapters are not implemented"),
-    ("llama-server", "POST /lora-adapters", "not served: LoRA adapters are not implemented"),
+    ("llama-server", "GET /lora-adapters", _SERVED + " (an empty list: no LoRA adapter is loaded)"),
+    (
+        "llama-server",
+        "POST /lora-adapters",
+        _SERVED + " (an empty list; an entry is a 400, as no adapter is loaded)",
+    ),
     ("llama-server", "POST /v1/chat/completions/control", "not served: no reasoning control"),
     ("llama-server", "POST /v1/chat/completions/input_tokens", _SERVED),
     (

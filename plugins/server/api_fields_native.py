@@ -93,6 +93,15 @@ NATIVE_EMBEDDING = group(
           "default: --embd-normalize", None, -1),
 )  # fmt: skip
 
+#: POST /lora-adapters' body: a list of {id, scale} (llama-server's form), not an object
+LORA_SCALES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "scale": {"type": "number"}},
+    },
+}
+
 #: POST /props takes no field yet (as llama-server).
 PROPS_UPDATE: dict[str, Field] = {}
 

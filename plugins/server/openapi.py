@@ -232,6 +232,13 @@ OPERATIONS: dict[str, dict[str, Any]] = {
         _obj("success"),
         native.PROPS_UPDATE,
     ),
+    "lora_adapters": operation("the LoRA adapters loaded (none)", _LIST),
+    "set_lora_adapters": operation(
+        "set the LoRA adapters' scales: [] (no adapter is loaded)", _obj("success"),
+        requestBody={"required": True,
+                     "content": {"application/json": {"schema": native.LORA_SCALES}}},
+        error_schema=NATIVE_ERROR,
+    ),
     "native_completion": operation(
         "llama-server's native completion", _NATIVE_COMPLETION, native.NATIVE_COMPLETION,
         **_NATIVE,

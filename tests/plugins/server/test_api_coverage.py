@@ -29,7 +29,8 @@ def _bodies(openapi) -> dict[str, set[str]]:
             body = op.get("requestBody")
             if body is not None:
                 schema = body["content"]["application/json"]["schema"]
-                out[f"{method.upper()} {path}"] = set(schema["properties"])
+                # an array body (POST /lora-adapters' list) has no named fields
+                out[f"{method.upper()} {path}"] = set(schema.get("properties", {}))
     return out
 
 

@@ -1,13 +1,15 @@
 """llama-server's other routes with plain HTTP: /apply-template and
 /chat/completions/input_tokens against the chat route itself, /props with
 default_generation_settings against a /completion that sets nothing, POST /props
-(--props), and the endpoint switches --no-slots / --no-metrics (501, as llama-server)."""
+(--props), /lora-adapters (httpx), and the endpoint switches --no-slots / --no-metrics
+(501, as llama-server)."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import jinja2
 import openai
 import pytest
@@ -101,3 +103,17 @@ def test_slots_can_fail_when_none_is_idle():
             assert busy.status == 503 and busy.json["error"]["type"] == "unavailable_error"
             assert call(srv.url + "/slots").status == 200  # without the parameter: the list
             assert running.result().status == 200
+
+
+def test_lora_adapters_lists_none_and_takes_only_the_empty_list(server):
+    url = server.url + "/lora-adapters"
+    assert httpx.get(url, timeout=60).json() == []
+    ok = httpx.post(url, json=[], timeout=60)
+    assert ok.status_code == 200 and ok.json() == {"success": True}
+    refused = httpx.post(url, json=[{"id": 0, "scale": 0.5}], timeout=60)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["code"] == 400 and "no LoRA adapter has id 0" in error["message"]
+    not_a_list = httpx.post(url, json={"id": 0}, timeout=60)
+    assert not_a_list.status_code == 400 and "array" in not_a_list.json()["error"]["message"]
+    assert httpx.post(url, content=b"{", timeout=60).status_code == 400
