@@ -11,6 +11,7 @@ behind are compared with those of plain decoding.
 
 from __future__ import annotations
 
+import argparse
 import functools
 
 import numpy as np
@@ -18,6 +19,7 @@ import pytest
 import torch
 from qwen3_next_oracle import (
     BACKENDS,
+    DATA,
     LLAMA_CPP_F32,
     RUNTIME,
     ScriptedDrafter,
@@ -31,6 +33,7 @@ from tessera.contract.spec import SpecParams
 from tessera.engine.drafting import create_decoder
 from tessera.engine.generate import GenerationStats, generate
 from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.testing.commands import registered_command
 
 N_NEW = 14
 
@@ -95,3 +98,22 @@ def test_qwen3next_as_a_draft_model_follows_accepted_and_rejected_drafts():
     decoder.close()
     for history, draft in zip(histories, drafts, strict=True):
         assert list(draft) == greedy(context(LLAMA_CPP_F32, "numpy"), history)[:3]
+
+
+def test_tessera_run_with_a_recurrent_draft_model_prints_what_plain_run_prints(capsys):
+    """End to end: the YaRN variant (same weights, other RoPE) drafts for the plain model,
+    so drafts are accepted and rejected and both models' states are rolled back."""
+    command = registered_command("tessera.plugins.cmd.run", "run")
+    parser = argparse.ArgumentParser(prog="tessera run")
+    command.add_arguments(parser)
+    base = ["-m", str(LLAMA_CPP_F32), "-p", "def f(x): return x", "-n", "40", "--temp", "0"]
+    draft = ["--spec-type", "draft", "-md", str(DATA / "qwen3next-yarn-f32.gguf")]
+    outs = []
+    for extra in ([], [*draft, "--draft-p-min", "0", "--no-spec-adaptive"]):
+        assert command.run(parser.parse_args([*base, "--backend", "numpy", *extra]), RUNTIME) == 0
+        captured = capsys.readouterr()
+        outs.append(captured.out)
+    assert outs[0] == outs[1]
+    counters = captured.err.split("speculative (draft): drafted ")[1].split()
+    drafted, accepted = int(counters[0].rstrip(",")), int(counters[2])
+    assert 0 < accepted < drafted
