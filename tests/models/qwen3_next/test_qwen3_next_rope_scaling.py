@@ -9,6 +9,7 @@ transformers on each folder: logits of every prompt row and greedy ``generate``.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import shutil
@@ -42,6 +43,7 @@ VARIANTS = {
 }
 SOURCES = [("yarn", "hf"), ("yarn", "llama.cpp-gguf"), ("linear", "hf")]
 TMP = Path(tempfile.mkdtemp(prefix="qwen3next-rope-"))
+atexit.register(shutil.rmtree, TMP, True)
 
 
 @functools.cache
