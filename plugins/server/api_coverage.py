@@ -58,7 +58,6 @@ _NATIVE_UNDECLARED = {
     "timings_per_token": "ignored: timings come with the last chunk",
     "post_sampling_probs": "ignored: n_probs are the model's probabilities before sampling",
     "sse_ping_interval": "ignored: no SSE pings",
-    "lora": "ignored: LoRA adapters are not implemented",
     "backend_sampling": "ignored: sampling runs on the CPU",
     "multimodal_data": "ignored: this server has no vision or audio encoder",
 }  # fmt: skip

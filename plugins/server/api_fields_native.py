@@ -46,6 +46,15 @@ _BIAS_PAIR = {
     },
 }
 
+#: POST /lora-adapters' body: a list of {id, scale} (llama-server's form), not an object
+LORA_SCALES = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "scale": {"type": "number"}},
+    },
+}
+
 NATIVE_SAMPLING = {
     **{k: SAMPLING[k] for k in ("model", "top_p", "top_k", "min_p", "repeat_penalty",
                                 "repeat_last_n", "seed", "stop", "stream", "id_slot",
@@ -65,6 +74,8 @@ NATIVE_SAMPLING = {
               schema=STRING_LIST),
         Field("logit_bias", "any", "[[token id or text, bias or false], ...] or {id: bias}",
               schema={"anyOf": [{"type": "array", "items": _BIAS_PAIR}, {"type": "object"}]}),
+        Field("lora", "any", "refused: an adapter's scale (no LoRA adapter is loaded); [] is "
+              "accepted", schema=LORA_SCALES),
     ),
     **CONSTRAINTS,
 }  # fmt: skip
@@ -92,15 +103,6 @@ NATIVE_EMBEDDING = group(
     Field("embd_normalize", "integer", "-1 none, 0 max-abs, 1 taxicab, 2 L2, >2 p-norm; "
           "default: --embd-normalize", None, -1),
 )  # fmt: skip
-
-#: POST /lora-adapters' body: a list of {id, scale} (llama-server's form), not an object
-LORA_SCALES = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {"id": {"type": "integer"}, "scale": {"type": "number"}},
-    },
-}
 
 #: POST /props takes no field yet (as llama-server).
 PROPS_UPDATE: dict[str, Field] = {}

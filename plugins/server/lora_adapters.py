@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse
 from tessera.contract.routes import ApiError
 
 from .native_completion import native_errors
+from .native_inputs import refuse_lora
 
 
 async def lora_adapters(request: Request) -> Any:
@@ -33,14 +34,5 @@ async def set_lora_adapters(request: Request) -> Any:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, list):
-        raise ApiError(400, 'the request body must be an array of {"id", "scale"} objects')
-    if body:
-        first = body[0]
-        adapter = first.get("id") if isinstance(first, dict) else first
-        raise ApiError(
-            400,
-            f"no LoRA adapter has id {json.dumps(adapter)}: this server loads none "
-            "(GET /lora-adapters lists them); send [] or drop the entries",
-        )
+    refuse_lora(body, "the request body")
     return JSONResponse({"success": True})

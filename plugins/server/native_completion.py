@@ -33,7 +33,7 @@ from .native_format import (
     native_error_body,
     partial_chunk,
 )
-from .native_inputs import native_logit_bias, native_prompts
+from .native_inputs import native_logit_bias, native_prompts, refuse_lora
 from .openai_common import SSE_HEADERS, capped, checked_id_slot, interleave, sampler_params
 
 
@@ -72,6 +72,7 @@ async def run_native(
     request: Request, f: Fields, served: ServedModel, prompts: Sequence[Sequence[int]]
 ) -> Any:
     """Run ``prompts`` (``n_cmpl`` times each) and answer as llama-server does."""
+    refuse_lora(f["lora"], "'lora'", "lora")
     constraint = await constraint_factory(f, served)
     n_cmpl, n_probs, stream = f["n_cmpl"], f["n_probs"], f["stream"]
     n_predict = requested_n_predict(f, served.settings.default_n_predict(-1))

@@ -1,5 +1,6 @@
 """llama-server's input forms, read into token ids: prompts that mix text and token ids,
-``{"prompt_string": ...}`` objects, lists of prompts, and ``logit_bias`` as pairs.
+``{"prompt_string": ...}`` objects, lists of prompts, ``logit_bias`` as pairs, and LoRA
+adapter scales (``[{"id", "scale"}]``, of which only the empty list: none is loaded).
 
 The rules are llama-server's: an array holding a number at its top level is one mixed
 prompt, any other array is a list of prompts; in a mixed prompt only a string in first
@@ -8,6 +9,7 @@ place gets the tokenizer's BOS (``add_special``).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -107,3 +109,20 @@ def _bias_value(bias: Any) -> float:
     if not math.isfinite(number):
         raise bad
     return max(-100.0, min(100.0, number))
+
+
+def refuse_lora(value: Any, where: str, param: str | None = None) -> None:
+    """llama-server's LoRA scales, ``[{"id", "scale"}, ...]``: only an empty list (or none)
+    passes, since this server loads no adapter; an entry is a 400 naming its id."""
+    if value is None or value == []:
+        return
+    if not isinstance(value, list):
+        raise ApiError(400, f'{where} must be an array of {{"id", "scale"}} objects', param)
+    first = value[0]
+    adapter = json.dumps(first.get("id") if isinstance(first, dict) else first)
+    raise ApiError(
+        400,
+        f"no LoRA adapter has id {adapter} ({where}): this server loads none "
+        "(GET /lora-adapters lists them); send an empty list",
+        param,
+    )

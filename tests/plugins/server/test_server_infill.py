@@ -106,6 +106,12 @@ def test_a_bad_input_extra_chunk_is_400(repo_level, chunk):
     assert error["code"] == 400 and error["param"] == "input_extra"
 
 
+def test_lora_scales_are_refused_as_no_adapter_is_loaded(repo_level):
+    answer = call(repo_level.url + "/infill", {**BODY, "lora": [{"id": 1, "scale": 0.5}]})
+    assert answer.status == 400 and answer.json["error"]["param"] == "lora"
+    assert "no LoRA adapter has id 1" in answer.json["error"]["message"]
+
+
 def test_prefix_and_suffix_are_required(repo_level):
     for field in ("input_prefix", "input_suffix"):
         body = {k: v for k, v in BODY.items() if k != field}

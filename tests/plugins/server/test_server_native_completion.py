@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import openai
 import pytest
 
@@ -235,3 +236,13 @@ def test_return_progress_streams_prompt_progress(server, reuse):
     assert len(progress) == (2 if reuse else 1 + math.ceil(150 / 64))
     assert events.index(next(e for e in events if e["tokens"])) == len(progress)
     assert all(e["content"] == "" and e["tokens"] == [] for e in events[: len(progress)])
+
+
+def test_lora_scales_are_refused_as_no_adapter_is_loaded(server):
+    plain = complete(server, n_predict=4)
+    assert complete(server, n_predict=4, lora=[])["content"] == plain["content"]
+    body = {"prompt": PROMPT, "lora": [{"id": 0, "scale": 1.0}]}
+    answer = httpx.post(server.url + "/completion", json=body, timeout=60)
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and error["code"] == 400 and error["param"] == "lora"
+    assert "no LoRA adapter has id 0" in error["message"]
