@@ -1,7 +1,8 @@
 """Each later stage of the sampler chain (typical_p, top_n_sigma, xtc_*, repeat_last_n,
 presence and frequency penalties) changes what the server samples exactly as the same
 stage does in the in-process generator, through the official openai client and httpx on
-llama-server's /completion.
+llama-server's /completion; and the same settings given as server flags (--temp, -s,
+--top-k, --top-p, --min-p, --typical) are what a request that sets none samples with.
 
 The oracle is the single-sequence generator with a seeded :class:`Sampler` of the same
 settings (the stages' formulas are checked in tests/core/engine/test_sampler_chain.py);
@@ -11,11 +12,13 @@ each case also checks that the stage changes the text, so the comparison can fai
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 
 from tessera.engine.context import Context, ContextParams
 from tessera.engine.generate import generate
 from tessera.engine.sampling import Sampler, SamplerParams
+from tessera.plugins.server.testing import live_server
 
 PROMPT = "Once upon a time"
 COUNTING = "1, 2, 3, 4, 5, 6,"
@@ -65,3 +68,29 @@ def test_a_stage_on_llama_servers_completion_samples_as_the_reference(server, pr
     assert r["content"] == reference(server, prompt, **BASE, **stage)
     for name, value in stage.items():
         assert r["generation_settings"][name] == value, name
+
+
+#: Server-wide defaults by flag (llama-server's names): a request that sets none samples so.
+FLAG_SETTINGS = dict(temperature=1.0, seed=5, top_k=40, top_p=0.9, min_p=0.02, typical_p=0.6)
+FLAGS = ["--temp", "1", "-s", "5", "--top-k", "40", "--top-p", "0.9", "--min-p", "0.02"]
+FLAGS += ["--typical", "0.6", "-n", str(N)]
+
+
+@pytest.fixture(scope="module")
+def flagged():
+    with live_server(["--backend", "numpy", "-np", "1", "-c", "512", *FLAGS]) as srv:
+        yield srv
+
+
+def test_a_request_that_sets_nothing_samples_with_the_server_flags(flagged):
+    want = reference(flagged, PROMPT, **FLAG_SETTINGS)
+    assert want != reference(flagged, PROMPT, **{**FLAG_SETTINGS, "seed": 6})
+    assert want != reference(flagged, PROMPT, **{**FLAG_SETTINGS, "typical_p": 1.0})
+    client = openai.OpenAI(base_url=flagged.v1, api_key="x", max_retries=0, timeout=120)
+    assert client.completions.create(model="m", prompt=PROMPT).choices[0].text == want
+    native = httpx.post(flagged.url + "/completion", json={"prompt": PROMPT}, timeout=120).json()
+    assert native["content"] == want
+    params = httpx.get(flagged.url + "/props", timeout=60).json()
+    params = params["default_generation_settings"]["params"]
+    for name, value in FLAG_SETTINGS.items():
+        assert params[name] == pytest.approx(value), name
