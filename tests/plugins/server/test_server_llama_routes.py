@@ -117,3 +117,23 @@ def test_lora_adapters_lists_none_and_takes_only_the_empty_list(server):
     not_a_list = httpx.post(url, json={"id": 0}, timeout=60)
     assert not_a_list.status_code == 400 and "array" in not_a_list.json()["error"]["message"]
     assert httpx.post(url, content=b"{", timeout=60).status_code == 400
+
+
+def test_tokenize_add_special_and_parse_special_are_the_tokenizers(server):
+    tok = server.model.tokenizer
+    bos = tok.token_to_piece(tok.bos_id)
+    text = f"{bos}Hello little dog"
+
+    def tokenize(**flags):
+        body = {"content": text, **flags}
+        return httpx.post(server.url + "/tokenize", json=body, timeout=60).json()["tokens"]
+
+    # llama-server's defaults: no BOS added, special-token text read as the special token
+    assert tokenize() == tok.encode(text, add_special=False, parse_special=True)
+    assert tokenize()[0] == tok.bos_id
+    with_bos = tokenize(add_special=True)
+    assert with_bos == tok.encode(text, add_special=True, parse_special=True)
+    assert with_bos == [tok.bos_id, *tokenize()]  # this model's tokenizer adds a BOS
+    as_text = tokenize(parse_special=False)
+    assert as_text == tok.encode(text, add_special=False, parse_special=False)
+    assert tok.bos_id not in as_text
