@@ -97,9 +97,10 @@ def test_n_probs_gives_completion_probabilities_with_the_openai_routes_logprobs(
     for p, logprob, top in zip(probs, oai.token_logprobs, oai.top_logprobs, strict=True):
         assert math.isclose(p["logprob"], logprob, rel_tol=1e-6) and p["logprob"] <= 0
         assert len(p["top_logprobs"]) == 10 and p["top_logprobs"][0]["id"] == p["id"]  # greedy
-        want = list(top.values())
+        want = list(top.values())  # the second request reuses the cached prompt: f32 rounding
         assert all(
-            math.isclose(t["logprob"], w) for t, w in zip(p["top_logprobs"], want, strict=False)
+            math.isclose(t["logprob"], w, rel_tol=1e-6)
+            for t, w in zip(p["top_logprobs"], want, strict=False)
         )
         assert bytes(p["bytes"]).decode("utf-8", "ignore") == p["token"]
         assert all(t["logprob"] <= 0 and isinstance(t["bytes"], list) for t in p["top_logprobs"])
