@@ -5,7 +5,9 @@ F16 GGUF with the shape's real vocabulary size (the default model's BPE vocabula
 with user-defined ``<|pad_N|>`` tokens, so llama.cpp loads it too); ``default`` is the
 bundled model. Quantized variants come from ``tessera quantize`` (llama.cpp's per-tensor
 type rules). Files are cached in the work folder by name, since writing and quantizing a
-0.5B model takes minutes on a busy 2-core machine.
+0.5B model takes minutes on a busy 2-core machine; a file of a type tessera does not make
+(the grid types IQ1_S ... IQ3_S: llama-quantize makes them, some only from an importance
+matrix) is used when it is there under the same name.
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from tessera.plugins.cmd.quantize import quantize_model
 from tessera.testing.models import default_vocab
 from tessera.testing.shapes import SHAPES, shape_config
 
-#: --type names -> tessera quantize targets.
-TYPES = {"F16": "f16", "BF16": "bf16", "F32": "f32", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k"}
-TYPES |= {"Q4_K_M": "Q4_K_M", "Q5_K_M": "Q5_K_M"}  # llama-quantize's mixes, per-tensor types
+#: --type names -> tessera quantize targets: llama-quantize's file types (the mixes with
+#: its per-tensor types) and the plain K types.
+TYPES = {name: name for name in (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S", "Q3_K_M",
+    "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "TQ1_0",
+    "TQ2_0", "MXFP4_MOE", "Q3_K", "Q4_K", "Q5_K",
+)}  # fmt: skip
 #: Vocabulary sizes of the real models behind the shapes (the shapes shrink them).
 REAL_VOCAB = {"qwen2-0.5b": 151936, "qwen3-0.6b": 151936, "llama-1b": 128256}
 
@@ -85,6 +91,11 @@ def model_file(work: Path, runtime: Any, model: str, qtype: str, n_vocab: int | 
     else:
         raise SystemExit(f"unknown model '{model}'; use 'default' or one of: {', '.join(SHAPES)}")
     out = work / f"{stem}-{qtype}.gguf"
+    if not out.exists() and qtype not in TYPES:  # e.g. the grid types: an imatrix's job
+        raise SystemExit(
+            f"tessera quantize does not make {qtype} files; put one at {out} (e.g. "
+            f"llama-quantize {base} {out} {qtype}) or use one of: {', '.join(TYPES)}"
+        )
     if not out.exists():
         print(f"quantizing {base.name} -> {out.name} ...", flush=True)
         quantize_model(base, out, TYPES[qtype], runtime)
