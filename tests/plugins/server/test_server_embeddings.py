@@ -76,3 +76,19 @@ def test_rerank_matches_the_embedding_engine(tmp_path):
     for x in results:
         assert x["relevance_score"] == pytest.approx(float(want[x["index"]]), abs=1e-5)
         assert x["document"]["text"] == docs[x["index"]]
+
+
+def test_dimensions_keep_the_first_ones_renormalized_on_openai_and_ollama(minilm):
+    import ollama
+
+    client = openai.OpenAI(base_url=minilm.v1, api_key="x", max_retries=0)
+    full = np.array(client.embeddings.create(model="m", input=SENTENCES).data[0].embedding)
+    want = full[:64] / np.linalg.norm(full[:64])  # Matryoshka: cut, then L2 again
+    cut = client.embeddings.create(model="m", input=SENTENCES, dimensions=64).data[0].embedding
+    assert len(cut) == 64 and np.allclose(cut, want, atol=1e-5)
+    (got,) = (
+        ollama.Client(host=minilm.url)
+        .embed(model="m", input=SENTENCES[0], dimensions=64)
+        .embeddings
+    )
+    assert len(got) == 64 and np.allclose(got, want, atol=1e-5)
