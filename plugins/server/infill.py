@@ -61,8 +61,9 @@ async def infill(request: Request) -> Any:
     served = await state.model_for(request, f["model"])
     fim = model_fim(served)
     if fim.missing():
+        # llama-server's answer: 501 not_supported_error
         raise ApiError(
-            400,
+            501,
             f"model '{served.name}' cannot infill: it has no FIM {', '.join(fim.missing())} "
             "token (tokenizer.ggml.fim_*_token_id); serve a code model trained for "
             "fill-in-the-middle",

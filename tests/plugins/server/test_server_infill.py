@@ -119,9 +119,9 @@ def test_prefix_and_suffix_are_required(repo_level):
         assert answer.status == 400 and answer.json["error"]["param"] == field
 
 
-def test_a_model_without_fim_tokens_is_one_400(server):
+def test_a_model_without_fim_tokens_is_one_501_as_llama_server(server):
     answer = call(server.url + "/infill", BODY)
-    assert answer.status == 400
+    assert answer.status == 501
     error = answer.json["error"]
-    assert error["type"] == "invalid_request_error" and error["code"] == 400
+    assert error["type"] == "not_supported_error" and error["code"] == 501
     assert "prefix, suffix, middle" in error["message"]
