@@ -1,8 +1,9 @@
 """Each later stage of the sampler chain (typical_p, top_n_sigma, xtc_*, repeat_last_n,
 presence and frequency penalties) changes what the server samples exactly as the same
-stage does in the in-process generator, through the official openai client and httpx on
-llama-server's /completion; and the same settings given as server flags (--temp, -s,
---top-k, --top-p, --min-p, --typical) are what a request that sets none samples with.
+stage does in the in-process generator, through the official openai client, httpx on
+llama-server's /completion and the ollama client's options (top_p too); and the same
+settings given as server flags (--temp, -s, --top-k, --top-p, --min-p, --typical) are
+what a request that sets none samples with.
 
 The oracle is the single-sequence generator with a seeded :class:`Sampler` of the same
 settings (the stages' formulas are checked in tests/core/engine/test_sampler_chain.py);
@@ -94,3 +95,26 @@ def test_a_request_that_sets_nothing_samples_with_the_server_flags(flagged):
     params = params["default_generation_settings"]["params"]
     for name, value in FLAG_SETTINGS.items():
         assert params[name] == pytest.approx(value), name
+
+
+OLLAMA_STAGES = [
+    pytest.param(PROMPT, dict(top_p=0.5), id="top_p"),
+    pytest.param(PROMPT, dict(typical_p=0.3), id="typical_p"),
+    pytest.param(COUNTING, dict(repeat_penalty=3.0, repeat_last_n=4), id="repeat_last_n"),
+    pytest.param(COUNTING, dict(presence_penalty=2.0, frequency_penalty=1.0), id="penalties"),
+]
+
+
+@pytest.mark.parametrize("prompt, stage", OLLAMA_STAGES)
+def test_an_ollama_option_samples_as_the_reference(server, prompt, stage):
+    import ollama
+
+    options = {**BASE, **stage, "num_predict": N}
+    out = ollama.Client(host=server.url, timeout=120).generate(
+        model="m", prompt=prompt, raw=True, options=options
+    )
+    want = reference(server, prompt, **{**BASE, **stage})
+    assert out.response == want
+    # the same without the stage (repeat_last_n: with the penalty over the default window)
+    kept = {k: v for k, v in stage.items() if k == "repeat_penalty"}
+    assert want != reference(server, prompt, **{**BASE, **kept})
