@@ -7,7 +7,8 @@
  * activations (dot_s8s8: the magnitudes are at most 62, so AVX2's int16 pair sums cannot
  * saturate); its lanes 0-3 and 4-7 are the two groups of 16, scaled in float32 by the weight
  * scale times the activation scale d16 (IQ1: the scale times 1/8, its values being
- * 8 (grid + delta)). No offsets: every value is scale * integer. The kernels are 256-bit;
+ * 8 (grid + delta), taken unsigned plus 9 and the 9 paid back through the activation sums
+ * ds16, as Q2_K's mins). The kernels are 256-bit;
  * with AVX512-VNNI they run its 256-bit vpdpbusd.
  *
  * The dequantization multiplies each value by its scale as gguf's does (IQ1: the integer
@@ -181,13 +182,27 @@ ALWAYS_INLINE __m256i iq_signed_acts(__m256i x, uint32_t bits) {
 #endif
 }
 
-/* The integer dot product of group g with the activations at x (32 int8). */
+/* IQ1 group g's values plus 9 as unsigned bytes, 8 grid + 9 + delta (0 .. 18): the runs'
+ * delta signs as 64-bit lane masks (IQ1_S: bit 15 of the group's word, IQ1_M: bit 4 k + 3
+ * of its two nibble bytes), no scalar bit work. */
+ALWAYS_INLINE __m256i iq1_plus8(int type, const uint8_t *blk, int g, __m256i grid) {
+    __m256i minus;
+    if (type == IQ1_S) {
+        minus = _mm256_set1_epi64x(iq_u16(blk + 34 + 2 * g) & 0x8000 ? -1 : 0);
+    } else {
+        const __m256i qh = _mm256_set1_epi64x(iq_u16(blk + 32 + 2 * g));
+        const __m256i bit = _mm256_and_si256(_mm256_srlv_epi64(qh, _mm256_setr_epi64x(3, 7, 11, 15)),
+                                             _mm256_set1_epi64x(1));
+        minus = _mm256_sub_epi64(_mm256_setzero_si256(), bit);
+    }
+    return _mm256_add_epi8(grid, _mm256_blendv_epi8(_mm256_set1_epi8(10), _mm256_set1_epi8(8), minus));
+}
+
+/* The integer dot product of group g (grid bytes, sign bits; IQ1: its values plus 9) with
+ * the activations at x (32 int8). */
 ALWAYS_INLINE __m256i iq_dot(int type, __m256i grid, uint32_t bits, const int8_t *x) {
     const __m256i a = _mm256_loadu_si256((const __m256i *)x);
-    if (iq_is_iq1(type)) {
-        const __m256i v = _mm256_add_epi8(grid, _mm256_or_si256(iq_bit_mask(bits), _mm256_set1_epi8(1)));
-        return dot_s8s8(_mm256_setzero_si256(), v, a);
-    }
+    if (iq_is_iq1(type)) return dot_u8s8(_mm256_setzero_si256(), grid, a);
     return dot_u8s8(_mm256_setzero_si256(), grid, iq_signed_acts(a, bits));
 }
 
@@ -201,8 +216,8 @@ ALWAYS_INLINE __m256 iq_pair_lanes(__m256 v, int k) {
 ALWAYS_INLINE void iq_rows(int type, const uint8_t *w, const tsr_acts *a, int64_t i0, int MI, float *y) {
     const int size = iq_type_size(type);
     const __m256 eighth = _mm256_set1_ps(iq_is_iq1(type) ? 0.125f : 1.0f);
-    __m256 acc[2][QUANT_MI];
-    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
+    __m256 acc[2][QUANT_MI], offs[QUANT_MI];
+    for (int i = 0; i < MI; i++) acc[0][i] = acc[1][i] = offs[i] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < a->n_in / 256; sb++) {
         const uint8_t *blk = w + sb * size;
         for (int off = 0; off < size; off += 64) prefetch1(blk + PREFETCH + off);
@@ -210,19 +225,26 @@ ALWAYS_INLINE void iq_rows(int type, const uint8_t *w, const tsr_acts *a, int64_
         iq_scales_vec(type, blk, sc);
         sc[0] = _mm256_mul_ps(sc[0], eighth);
         sc[1] = _mm256_mul_ps(sc[1], eighth);
+        const __m256 nine[2] = {_mm256_mul_ps(sc[0], _mm256_set1_ps(9.0f)),
+                                _mm256_mul_ps(sc[1], _mm256_set1_ps(9.0f))};
         __m256 comb[2][QUANT_MI];
         for (int i = 0; i < MI; i++) {
-            const float *d16 = a->d16 + (i0 + i) * 2 * a->nb + sb * 16;
-            comb[0][i] = _mm256_mul_ps(sc[0], _mm256_loadu_ps(d16));
-            comb[1][i] = _mm256_mul_ps(sc[1], _mm256_loadu_ps(d16 + 8));
+            const int64_t k = (i0 + i) * 2 * a->nb + sb * 16;
+            comb[0][i] = _mm256_mul_ps(sc[0], _mm256_loadu_ps(a->d16 + k));
+            comb[1][i] = _mm256_mul_ps(sc[1], _mm256_loadu_ps(a->d16 + k + 8));
+            if (iq_is_iq1(type)) { /* the 9 added to each value: 9 dl / 8 * (d16 * sum16) */
+                offs[i] = _mm256_fmadd_ps(nine[0], _mm256_loadu_ps(a->ds16 + k), offs[i]);
+                offs[i] = _mm256_fmadd_ps(nine[1], _mm256_loadu_ps(a->ds16 + k + 8), offs[i]);
+            }
         }
         uint32_t words[8];
         const int vector_signs = iq_sign_words(type, blk, words);
 #pragma GCC unroll 8 /* constant lanes and accumulators in registers, not indexed spills */
         for (int b = 0; b < 8; b++) {
             uint32_t bits;
-            const __m256i grid = iq_grid_bits(type, blk, b, &bits);
+            __m256i grid = iq_grid_bits(type, blk, b, &bits);
             if (vector_signs) bits = words[b];
+            if (iq_is_iq1(type)) grid = iq1_plus8(type, blk, b, grid);
             for (int i = 0; i < MI; i++) {
                 const __m256i dot = iq_dot(type, grid, bits, a->q + (i0 + i) * a->n_in + sb * 256 + 32 * b);
                 acc[b & 1][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), iq_pair_lanes(comb[b / 4][i], b % 4),
@@ -230,7 +252,7 @@ ALWAYS_INLINE void iq_rows(int type, const uint8_t *w, const tsr_acts *a, int64_
             }
         }
     }
-    for (int i = 0; i < MI; i++) y[i] = hsum(_mm256_add_ps(acc[0][i], acc[1][i]));
+    for (int i = 0; i < MI; i++) y[i] = hsum(_mm256_add_ps(acc[0][i], acc[1][i])) - hsum(offs[i]);
 }
 
 static void iq_dequant(int type, const uint8_t *w, int64_t n_in, float *y) {
