@@ -76,7 +76,6 @@ _OPENAI_UNDECLARED = {
 }  # fmt: skip
 _OLLAMA_UNDECLARED = {
     "keep_alive": "ignored: served models stay loaded (least recently used out)",
-    "think": "ignored: reasoning follows the chat template",
 }
 #: Documented fields the handlers do not read, per route, with what happens to them
 #: (unknown fields are ignored, as llama-server ignores them).

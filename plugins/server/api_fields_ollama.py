@@ -29,6 +29,10 @@ _OLLAMA_COMMON = group(
     Field("format", "any", "\"json\": the answer is one JSON object; a JSON schema: JSON "
           "valid against it", schema={"anyOf": [{"type": "string", "enum": ["json", ""]},
                                                 {"type": "object"}]}),
+    Field("think", "any", "true/false: the chat template's enable_thinking; \"low\", "
+          "\"medium\", \"high\": thinking on, with that reasoning_effort",
+          schema={"anyOf": [{"type": "boolean"},
+                            {"type": "string", "enum": ["low", "medium", "high"]}]}),
     Field("options", "object", "sampling options by Ollama's names (temperature, num_predict "
           "...)", schema={"type": "object", "properties": {
               f.name: f.json_schema() for f in OLLAMA_OPTIONS.values()}}),

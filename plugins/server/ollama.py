@@ -69,6 +69,18 @@ def created_at() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+def _think_kwargs(think: Any) -> dict[str, Any] | None:
+    """Ollama's ``think`` as chat template variables: the ``enable_thinking`` of Qwen3-style
+    templates, and a level as the ``reasoning_effort`` of gpt-oss's."""
+    if think is None:
+        return None
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    if think in ("low", "medium", "high"):
+        return {"enable_thinking": True, "reasoning_effort": think}
+    raise ApiError(400, '\'think\' must be true, false, "low", "medium" or "high"', "think")
+
+
 def chat_fields(f: Fields, messages: list[dict]) -> Fields:
     """The chat completion body an Ollama request means, checked as one."""
     options = Fields(f["options"] or {}, OLLAMA_OPTIONS)
@@ -85,6 +97,7 @@ def chat_fields(f: Fields, messages: list[dict]) -> Fields:
         raise ApiError(400, "'format' must be \"json\" or a JSON schema object", "format")
     if "tools" in f.declared:
         body["tools"] = f["tools"]
+    body["chat_template_kwargs"] = _think_kwargs(f["think"])
     chat = Fields(body, CHAT)
     sampler_params(chat, 1)  # the sampler's own ranges, checked before any answer
     return chat

@@ -309,3 +309,21 @@ def test_chat_template_kwargs_reach_the_template(thinking):
     block = thinking.model.tokenizer.encode("<think>\n\n</think>\n\n", add_special=False,
                                             parse_special=True)  # fmt: skip
     assert off.usage.prompt_tokens == plain.usage.prompt_tokens + len(block)
+
+
+def test_think_sets_the_templates_enable_thinking(thinking):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    client = ollama.Client(host=thinking.url, timeout=120)
+    unset = client.chat(model="m", messages=messages)
+    on = client.chat(model="m", messages=messages, think=True)
+    off = client.chat(model="m", messages=messages, think=False)
+    # Qwen3's template writes an empty think block when enable_thinking is false
+    block = thinking.model.tokenizer.encode("<think>\n\n</think>\n\n", add_special=False,
+                                            parse_special=True)  # fmt: skip
+    assert on.prompt_eval_count == unset.prompt_eval_count
+    assert off.prompt_eval_count == unset.prompt_eval_count + len(block)
+    generated = client.generate(model="m", prompt=messages[0]["content"], think=False)
+    assert generated.prompt_eval_count == off.prompt_eval_count
+    with pytest.raises(ollama.ResponseError, match="think") as err:
+        client.chat(model="m", messages=messages, think="max")
+    assert err.value.status_code == 400
