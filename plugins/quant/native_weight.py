@@ -1,6 +1,7 @@
 """A quantized weight kept as the file's block bytes on the CPU and multiplied by the native
 kernels (:mod:`tessera.backends.native`), for the block types beyond Q4_0/Q8_0 (Q4_1, Q5_0,
-Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0).
+Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0 and the grid
+types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M).
 
 Not an entry point; the quant plugins wrap their torch kernels with :func:`with_native`.
 Decode matmuls (fewer than :data:`NATIVE_MAX_ROWS` rows, :data:`AMX_MAX_ROWS` on a CPU with
