@@ -138,11 +138,19 @@ def _span(raw: RawTensor, qtype: Any, expert: int) -> slice:
     return slice(expert * size, (expert + 1) * size)
 
 
+def _expert_raw(raw: RawTensor, qtype: Any, shape: tuple, expert: int) -> RawTensor:
+    """Expert ``expert`` of a stacked tensor as a 2-D tensor over its bytes in the file."""
+    return RawTensor(
+        f"{raw.name}[{expert}]", raw.ggml_type, shape, raw.data[_span(raw, qtype, expert)]
+    )
+
+
 class SlowExperts:
     """The slow tier: one layer's experts left in the memory-mapped file, converted every
-    time they are fetched to the form the backend multiplies fastest: dequantized to the
-    compute dtype on the backend's device (``from_numpy``). Experts are small matrices used
-    by few rows, where a dense matmul beats dequantizing inside every matmul; what a
+    time they are fetched to the form the backend multiplies fastest: each expert's
+    ``(rows, cols)`` slice of the file's bytes through the backend's ``load_weight``, as a
+    2-D weight of its type would load (a quant kernel over the bytes in place where the
+    backend has one, else dequantized to the compute dtype on its device). What a
     conversion costs (dequantize, copy to the device) is what a cache hit saves."""
 
     def __init__(
@@ -156,12 +164,19 @@ class SlowExperts:
         #: Experts converted and bytes of backend form produced (the miss path's cost).
         self.loads = 0
         self.bytes_loaded = 0
+        #: The backend's (path, reason) for the gate/up/down weights, from the first load.
+        self.paths: tuple[tuple[str, str], ...] = ()
 
     def load(self, expert: int) -> tuple[Any, Any, Any]:
+        placements = self.backend.placements
+        mark = len(placements)
         out = tuple(
-            self.backend.from_numpy(qt.dequantize_tensor(raw.data[_span(raw, qt, expert)], shape))
+            self.backend.load_weight(_expert_raw(raw, qt, shape, expert), qt)
             for raw, qt, shape in zip(self.raws, self.qtypes, self.shapes, strict=True)
         )
+        # one record per layer (build_experts), not one per expert and fetch
+        self.paths = self.paths or tuple((path, why) for _, path, why in placements[mark:])
+        del placements[mark:]
         self.loads += 1
         self.bytes_loaded += sum(loaded_nbytes(w) for w in out)
         return out
@@ -243,7 +258,8 @@ def build_experts(
         what = f"blk.{t.layer} experts"
         if not options.offloaded(index):
             layers[t.layer] = ResidentExperts(slow)
-            backend.record(what, f"resident {backend.dtype}", "dequantized once at load")
+            paths = sorted({path for path, _ in slow.paths})
+            backend.record(what, f"resident: {', '.join(paths)}", "loaded once")
         elif cache is not None:
             layers[t.layer] = cache.wrap(slow)
             backend.record(what, "offloaded, cached", "slow tier (--cpu-moe/-ncmoe) + cache")

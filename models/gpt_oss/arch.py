@@ -4,8 +4,8 @@
 The config and its keys are in :mod:`tessera.models.gpt_oss.config`, the checkpoint layout
 in :mod:`tessera.models.gpt_oss.hf_tensors`, the forward pass in
 :mod:`tessera.models.gpt_oss.graph`. The experts are declared through ``expert_layout``, so
-the loader places them (resident, offloaded, cached) and dequantizes MXFP4 experts to the
-compute dtype; their biases are ordinary weights.
+the loader places them (resident, offloaded, cached) and loads each MXFP4 expert as a 2-D
+MXFP4 weight (the backend's kernel, or dequantized); their biases are ordinary weights.
 """
 
 from __future__ import annotations

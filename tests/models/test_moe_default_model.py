@@ -98,3 +98,18 @@ def test_offloaded_cached_experts_give_the_same_greedy_text(model):
     stats = cached.experts.cache.stats()
     assert stats["hits"] > stats["misses"] > 0  # a trained router reuses experts
     assert stats["bytes_used"] <= stats["budget_bytes"]
+
+
+def test_quantized_experts_load_like_2d_weights_of_their_type(model):
+    """On the torch CPU backend each expert is its slice of the file's Q8_0 bytes under the
+    type's kernel (no dense copy), recorded once per layer; the logits are numpy's."""
+    fast = load_model(PATH, RUNTIME, "torch")
+    gate, up, down = fast.experts.layer(0).get([3])[0]
+    assert not any(isinstance(w, torch.Tensor) for w in (gate, up, down))
+    records = [r for r in fast.backend.placements if r[0].endswith(" experts")]
+    assert len(records) == model.config.n_layer and "kernel Q8_0" in records[0][1]
+    assert not any("_exps.weight[" in r[0] for r in fast.backend.placements)
+    ids = model.tokenizer.encode(TEXT)
+    want = Context(model, ContextParams(n_ctx=64)).decode(Batch.for_sequence(ids, logits="all"))
+    got = Context(fast, ContextParams(n_ctx=64)).decode(Batch.for_sequence(ids, logits="all"))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
