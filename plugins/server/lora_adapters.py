@@ -34,5 +34,7 @@ async def set_lora_adapters(request: Request) -> Any:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, list):  # null too: refuse_lora takes it for "not given"
+        raise ApiError(400, 'the request body must be an array of {"id", "scale"} objects')
     refuse_lora(body, "the request body")
     return JSONResponse({"success": True})

@@ -117,6 +117,7 @@ def test_lora_adapters_lists_none_and_takes_only_the_empty_list(server):
     not_a_list = httpx.post(url, json={"id": 0}, timeout=60)
     assert not_a_list.status_code == 400 and "array" in not_a_list.json()["error"]["message"]
     assert httpx.post(url, content=b"{", timeout=60).status_code == 400
+    assert httpx.post(url, content=b"null", timeout=60).status_code == 400
 
 
 def test_tokenize_add_special_and_parse_special_are_the_tokenizers(server):
