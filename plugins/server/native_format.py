@@ -24,6 +24,8 @@ from tessera.engine.slot_types import TokenEvent
 
 from .generation import ChoiceRun, finish_timings
 
+#: the seed llama-server reports for a random one: -1 as a uint32 (its LLAMA_DEFAULT_SEED)
+RANDOM_SEED = 0xFFFFFFFF
 #: The sampler chain in llama-server's names, in the order tessera applies it.
 SAMPLERS = (
     "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"
@@ -86,7 +88,8 @@ def generation_settings(
 ) -> dict[str, Any]:
     """llama-server's ``generation_settings`` for the settings tessera implements."""
     return {
-        "seed": -1 if sampler.seed is None else sampler.seed,
+        # llama-server reports a random seed (-1) as its uint32 LLAMA_DEFAULT_SEED
+        "seed": RANDOM_SEED if sampler.seed is None else sampler.seed,
         "temperature": sampler.temperature,
         "top_k": sampler.top_k,
         "top_p": sampler.top_p,

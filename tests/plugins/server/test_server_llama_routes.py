@@ -49,7 +49,8 @@ def test_props_has_the_default_generation_settings(server):
     # a request that sets nothing runs with exactly these settings
     ran = call(server.url + "/completion", {"prompt": "Hi", "n_predict": 1}).json
     assert defaults["params"] == {**ran["generation_settings"], "n_predict": -1, "max_tokens": -1}
-    assert defaults["params"]["seed"] == -1 and defaults["params"]["temperature"] == 0.8
+    # a random seed reads 4294967295, as llama-server's README shows it
+    assert defaults["params"]["seed"] == 4294967295 and defaults["params"]["temperature"] == 0.8
     assert (props["endpoint_slots"], props["endpoint_metrics"], props["endpoint_props"]) == (
         True, True, False
     )  # fmt: skip

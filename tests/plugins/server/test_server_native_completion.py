@@ -57,7 +57,7 @@ def test_the_result_has_llama_servers_fields_and_the_openai_routes_text(server):
     assert r["model"] == call(server.v1 + "/models").json["data"][0]["id"]
     assert r["prompt"] == PROMPT and r["index"] == 0
     settings = r["generation_settings"]
-    assert (settings["n_predict"], settings["temperature"], settings["seed"]) == (8, 0, -1)
+    assert (settings["n_predict"], settings["temperature"], settings["seed"]) == (8, 0, 2**32 - 1)
     assert settings["stream"] is False and settings["n_probs"] == 0
     # what the slot holds: the prompt and every generated token but the last (never evaluated)
     slot = call(server.url + "/slots").json[r["id_slot"]]
