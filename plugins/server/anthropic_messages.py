@@ -159,6 +159,17 @@ def _tools(tools: Any, choice: Any) -> dict[str, Any]:
     return out
 
 
+def _thinking(thinking: Any) -> dict[str, Any] | None:
+    """Anthropic's ``thinking`` as the chat template's ``enable_thinking``."""
+    if thinking is None:
+        return None
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in ("enabled", "disabled"):
+        raise _bad("'thinking' must be {type: enabled, budget_tokens} or {type: disabled}",
+                   "thinking")  # fmt: skip
+    return {"enable_thinking": kind == "enabled"}
+
+
 def chat_body(f: Fields) -> dict[str, Any]:
     """The chat completion body (messages, tools) of an Anthropic request."""
     messages: list[dict[str, Any]] = []
@@ -169,7 +180,9 @@ def chat_body(f: Fields) -> dict[str, Any]:
         raise _bad("'messages' must be a non-empty list of messages")
     for message in turns:
         messages.extend(_turn(message))
-    return {"model": f["model"], "messages": messages, **_tools(f["tools"], f["tool_choice"])}
+    body = {"model": f["model"], "messages": messages, **_tools(f["tools"], f["tool_choice"])}
+    body["chat_template_kwargs"] = _thinking(f["thinking"])
+    return body
 
 
 def stop_reason(run: ChoiceRun, called: bool) -> str:

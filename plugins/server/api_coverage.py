@@ -116,7 +116,6 @@ UNDECLARED: dict[str, dict[str, str]] = {
     "POST /v1/messages": {
         "messages[].content image blocks": "refused (400): this model has no vision encoder",
         "metadata": "ignored: nothing is stored",
-        "thinking": "ignored: reasoning follows the chat template",
         "service_tier": "ignored: one tier",
     },
 }

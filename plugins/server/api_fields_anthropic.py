@@ -35,6 +35,11 @@ ANTHROPIC_PROMPT = group(
         "type": "object", "required": ["type"], "properties": {
             "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
             "name": {"type": "string"}}}),
+    Field("thinking", "any", "{type: enabled}: the chat template's enable_thinking on; "
+          "{type: disabled}: off (budget_tokens is not enforced)", schema={
+        "type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["enabled", "disabled"]},
+            "budget_tokens": {"type": "integer"}}}),
 )  # fmt: skip
 
 ANTHROPIC_MESSAGES = ANTHROPIC_PROMPT | group(

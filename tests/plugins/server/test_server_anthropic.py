@@ -253,3 +253,22 @@ def test_a_tool_call_is_a_tool_use_block_as_chat_completions_parse_it(scripted):
     )  # fmt: skip
     with urllib.request.urlopen(req, timeout=60) as r:
         assert counted.input_tokens == json.loads(r.read())["input_tokens"]
+
+
+def test_thinking_sets_the_templates_enable_thinking(thinking):
+    ac = anthropic.Anthropic(base_url=thinking.url, api_key="x", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    count = ac.messages.count_tokens
+    unset = count(model="m", messages=messages).input_tokens
+    on = count(model="m", messages=messages, thinking={"type": "enabled", "budget_tokens": 1024})
+    off = count(model="m", messages=messages, thinking={"type": "disabled"})
+    # Qwen3's template writes an empty think block when enable_thinking is false
+    block = thinking.model.tokenizer.encode("<think>\n\n</think>\n\n", add_special=False,
+                                            parse_special=True)  # fmt: skip
+    assert on.input_tokens == unset
+    assert off.input_tokens == unset + len(block)
+    answer = ac.messages.create(model="m", max_tokens=32, messages=messages,
+                                thinking={"type": "disabled"})  # fmt: skip
+    assert answer.usage.input_tokens == off.input_tokens
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        ac.messages.create(model="m", max_tokens=8, messages=messages, thinking={"type": "max"})
