@@ -59,7 +59,8 @@ for (const type of ["input", "change"]) {
 // (tessera serve --temp ... changes them), the usual one (with its note) when they agree.
 function hintOf(s, value) {
   if (typeof value !== "number" || value === parseFloat(s.hint)) return s.hint;
-  if (s.name === "seed" && value < 0) return "random";
+  // llama-server reports a random seed as -1 or as 4294967295 (its uint32 default seed)
+  if (s.name === "seed" && (value < 0 || value === 4294967295)) return "random";
   if (s.name === "max_tokens" && value < 0) return "until the end";
   return String(value);
 }
