@@ -22,12 +22,13 @@ from typing import Any
 import attrs
 import numpy as np
 
-from tessera.contract.constraints import Constraint, ConstraintSpecError
+from tessera.contract.constraint_fields import compile_constraint, response_format_constraint
+from tessera.contract.constraints import Constraint
 from tessera.engine.dry import DryBreakers
 from tessera.engine.logprobs import token_event
 from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.engine.slot_types import TokenEvent
-from tessera.errors import TesseraError, UnknownNameError
+from tessera.errors import TesseraError
 
 #: The keywords that are :class:`SamplerParams` fields (DRY's token-form breakers are made
 #: from ``dry_sequence_breakers`` with the model's vocabulary).
@@ -180,28 +181,6 @@ def _n_logprobs(method: str, args: Mapping[str, Any]) -> int | None:
     return _top_count("top_logprobs", 0 if top is None else top)
 
 
-def _response_format(fmt: Any) -> tuple[str, Any] | None:
-    """(kind, spec) of OpenAI's ``response_format`` (also llama-cpp-python's
-    ``{"type": "json_object", "schema": {...}}``); None for text."""
-    if fmt is None:
-        return None
-    kind = fmt.get("type", "text") if isinstance(fmt, Mapping) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        schema = fmt.get("schema")
-        return ("json_object", None) if schema is None else ("json_schema", schema)
-    if kind == "json_schema":
-        wrapper = fmt.get("json_schema")
-        schema = wrapper.get("schema") if isinstance(wrapper, Mapping) else fmt.get("schema")
-        if isinstance(schema, Mapping):
-            return "json_schema", schema
-    raise TesseraError(
-        f"response_format {fmt!r} is not one tessera enforces; give {{'type': 'text'}}, "
-        "{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {'schema': {...}}}"
-    )
-
-
 class SamplingKeywords:
     """Checks the sampling keywords of one LLM call; keeps DRY's breakers in token form (a
     pass over the vocabulary) for the next calls. Compiled constraints are cached by their
@@ -264,19 +243,7 @@ class SamplingKeywords:
             if not isinstance(args["grammar"], str):
                 raise TesseraError("grammar must be the text of a GBNF grammar")
             asked.append(("grammar", "gbnf", args["grammar"]))
-        found = _response_format(args.get("response_format"))
+        found = response_format_constraint(args.get("response_format"))
         if found is not None:
             asked.append(("response_format", *found))
-        if not asked:
-            return None
-        if len(asked) > 1:
-            raise TesseraError("give one output constraint: grammar or response_format, not both")
-        field, kind, spec = asked[0]
-        try:
-            compile_spec = self.runtime.constraint_kind(kind).compile
-        except UnknownNameError as exc:
-            raise TesseraError(f"{field} cannot be enforced: {exc}") from None
-        try:
-            return compile_spec(spec, tokenizer)
-        except ConstraintSpecError as exc:
-            raise TesseraError(f"{field} is refused: {exc}") from None
+        return compile_constraint(self.runtime, asked, tokenizer)

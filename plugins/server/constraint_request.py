@@ -14,9 +14,12 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tessera.contract.constraints import ConstraintSpecError
+from tessera.contract.constraint_fields import (
+    ConstraintFieldError,
+    compile_constraint,
+    response_format_constraint,
+)
 from tessera.contract.routes import ApiError
-from tessera.errors import UnknownNameError
 from tessera.plugins.server.state import ServedModel
 
 from .fields import Fields
@@ -32,41 +35,11 @@ _PLAIN_FIELDS = {
 }
 
 
-def _response_format(fmt: Mapping[str, Any] | None) -> tuple[str, Any] | None:
-    """(kind, spec) of OpenAI's ``response_format``; None for text."""
-    kind = (fmt or {}).get("type", "text")
-    for key in ("json_schema", "schema"):
-        if key in (fmt or {}) and not isinstance(fmt[key], Mapping):
-            raise ApiError(400, f"response_format {key} must be an object", "response_format")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        # llama-server's form: a json_object with a schema is that schema
-        schema = fmt.get("schema")
-        return ("json_object", None) if schema is None else ("json_schema", schema)
-    if kind == "json_schema":
-        wrapper = fmt.get("json_schema")
-        schema = wrapper.get("schema") if isinstance(wrapper, Mapping) else fmt.get("schema")
-        if schema is None:
-            raise ApiError(
-                400,
-                "response_format json_schema needs the schema: "
-                '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
-                param="response_format",
-            )
-        return "json_schema", schema
-    raise ApiError(
-        400,
-        f"response_format type {kind!r} is not supported; use text, json_object or json_schema",
-        param="response_format",
-    )
-
-
 def requested(f: Fields) -> list[tuple[str, str, Any]]:
     """Every constraint the request's declared fields ask for, as (field, kind, spec)."""
     asked = []
     if "response_format" in f.declared:
-        found = _response_format(f["response_format"])
+        found = response_format_constraint(f["response_format"])
         if found is not None:
             asked.append(("response_format", *found))
     for name, kind in _PLAIN_FIELDS.items():
@@ -94,22 +67,12 @@ async def constraint_factory(
     f: Fields, served: ServedModel, tool_call: Mapping[str, Any] | None = None
 ) -> Callable[[], Any] | None:
     """The per-generation constraint factory of the request (None: unconstrained)."""
-    asked = requested(f)
-    if tool_call is not None:
-        asked.append(("tool_choice", "tool_call", tool_call))
-    if not asked:
-        return None
-    if len(asked) > 1:
-        names = " and ".join(f"'{a[0]}'" for a in asked)
-        raise ApiError(400, f"give one output constraint; this request has {names}", asked[1][0])
-    field, kind, spec = asked[0]
     try:
-        info = served.runtime.constraint_kind(kind)
-    except UnknownNameError as exc:
-        raise ApiError(400, f"'{field}' cannot be enforced: {exc}", field) from None
-    try:
+        asked = requested(f)
+        if tool_call is not None:
+            asked.append(("tool_choice", "tool_call", tool_call))
         # the first compile for a vocabulary builds its tables (seconds for 150k tokens):
         # off the event loop; later ones hit the kind's cache
-        return await asyncio.to_thread(info.compile, spec, served.tokenizer)
-    except ConstraintSpecError as exc:
-        raise ApiError(400, f"'{field}' is refused: {exc}", field) from None
+        return await asyncio.to_thread(compile_constraint, served.runtime, asked, served.tokenizer)
+    except ConstraintFieldError as exc:
+        raise ApiError(400, str(exc), exc.field) from None
