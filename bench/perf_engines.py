@@ -60,6 +60,28 @@ class TesseraEngine:
         return run_test(self.ctx, test, self.rng) / 1e9
 
 
+class TesseraBenchEngine:
+    """Another tessera install (an older tree's virtual environment, say): one
+    ``EXE bench -r 2`` process per test, timed by tessera bench itself, the second run
+    counted (the first one pays what a fresh process does once, as the in-process engine
+    did in its warm-up); the batch sizes are the in-process engine's (512)."""
+
+    def __init__(self, label: str, exe: str, path: Path, threads: int) -> None:
+        self.exe, self.path, self.threads = exe, path, threads
+        self.name = f"tessera {label}"
+
+    def run(self, n_prompt: int, n_gen: int, n_depth: int = 0) -> float:
+        if n_depth:
+            raise SystemExit(f"{self.name}: --tessera-exe runs depth 0 only (-d 0)")
+        cmd = [self.exe, "bench", "-m", str(self.path), "-p", str(n_prompt), "-n", str(n_gen)]
+        cmd += ["-t", str(self.threads), "-r", "2", "-b", "512", "-ub", "512", "-o", "json"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        records = json.loads(done.stdout[done.stdout.index("[") :])
+        return sum(r["samples_ns"][-1] for r in records if r["n_prompt"] or r["n_gen"]) / 1e9
+
+
 class HFEngine:
     def __init__(self, tessera_model: Any, dtype: str, threads: int) -> None:
         import torch

@@ -14,7 +14,9 @@ per-repetition ratios. Tests as llama-bench: ``pp<n>`` = n prompt tokens into an
 cache in one batch, ``tg<n>`` = n tokens one at a time into an empty cache; with ``-d``,
 each also after that many tokens decoded into the cache untimed (a row per depth).
 ``-ctk`` / ``-ctv`` give both runtimes the cache types (default: tessera's compute dtype,
-llama.cpp's f16). The engines are in bench/perf_engines.py.
+llama.cpp's f16). ``--tessera-exe old:/tmp/old-venv/bin/tessera`` adds another tessera
+install (an older tree, for a before/after run) as an engine, interleaved like the others.
+The engines are in bench/perf_engines.py.
 
 The same run measures the machine's limits (bench/perf_limits.py) and prints each result
 as a fraction of its ceiling; the read bandwidth is measured again at the start of every
@@ -36,7 +38,7 @@ from typing import Any
 import attrs
 import perf_limits
 import perf_models
-from perf_engines import HFEngine, TesseraEngine, llama_engine
+from perf_engines import HFEngine, TesseraBenchEngine, TesseraEngine, llama_engine
 
 #: llama.cpp on a random Qwen2.5-0.5B-shaped model, 2 threads, the development VM.
 QUOTED_LLAMA_CPP = {
@@ -175,6 +177,13 @@ def main() -> None:
         default=[],
         help="an extra tessera variant, LABEL:VAR=VALUE[,VAR=VALUE] (e.g. a switch turned off)",
     )
+    parser.add_argument(
+        "--tessera-exe",
+        action="append",
+        default=[],
+        help="another tessera install as an engine, LABEL:PATH of its `tessera` executable "
+        "(e.g. an older tree's, for a before/after run; one process per test, depth 0)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -199,6 +208,11 @@ def main() -> None:
             for label, env in variants(args.tessera_env):
                 engines.append(TesseraEngine(path, runtime, args.threads, n_ctx, label, env,
                                              args.cache_types))  # fmt: skip
+            for spec in args.tessera_exe:
+                label, _, exe = spec.partition(":")
+                if not label or not exe:
+                    raise SystemExit(f"--tessera-exe wants LABEL:PATH, got '{spec}'")
+                engines.append(TesseraBenchEngine(label, exe, path, args.threads))
             llama = llama_engine(args, path, n_ctx)
             engines += [llama] if llama else []
             if i == 0 and not args.no_hf:  # HF runs no GGUF types: once per model
