@@ -27,13 +27,18 @@ def yarn_divisors(
     n_ctx_orig: int,
     beta_fast: float,
     beta_slow: float,
+    truncate: bool = True,
 ) -> np.ndarray:
-    """YaRN's blend as a divisor per pair (``n_rot // 2`` of them, float64)."""
+    """YaRN's blend as a divisor per pair (``n_rot // 2`` of them, float64). ggml always
+    rounds the ramp's ends outwards to whole dims; transformers does unless ``truncate``
+    is false."""
 
     def corr_dim(n_turns: float) -> float:
         return n_rot * math.log(n_ctx_orig / (n_turns * 2 * math.pi)) / (2 * math.log(freq_base))
 
-    low = max(0.0, math.floor(corr_dim(beta_fast)))
-    high = min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(0.0, low), min(n_rot - 1.0, high)
     ramp = 1.0 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0.0, 1.0)
     return 1.0 / (freq_scale * (1.0 - ramp) + ramp)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tessera.contract.arch import ForwardInput
+from tessera.contract.rope import RopeArgs
 from tessera.contract.yarn import yarn_divisors, yarn_mscale
 from tessera.models.deepseek2.config import DeepSeek2Config
 
@@ -44,23 +45,20 @@ class MLAttention:
     def __init__(self, c: DeepSeek2Config, weights: Mapping[str, Any], backend: Any) -> None:
         self.c, self.w, self.b = c, weights, backend
         self.scale = kq_scale(c)
-        #: YaRN's blend as a divisor per pair, or None (plain RoPE).
-        self.divisors = None
+        # GGML normal-mode RoPE; scaled, it is stretched by YaRN's blend (per-pair divisors)
+        divisors = None
         if c.rope_freq_scale != 1.0:
-            self.divisors = yarn_divisors(
+            divisors = yarn_divisors(
                 c.n_rot, c.rope_freq_base, c.rope_freq_scale, c.n_ctx_orig or c.n_ctx_train,
                 c.yarn_beta_fast, c.yarn_beta_slow,
             )  # fmt: skip
+        self.rotation = RopeArgs(
+            c.n_rot, c.rope_freq_base, 1.0, False, divisors, mscale=c.rope_attn_factor
+        )
 
     def rope(self, x: Any, positions: np.ndarray) -> Any:
-        """GGML normal-mode RoPE over all of ``x`` ``(T, H, n_rot)``."""
-        b, c = self.b, self.c
-        args = (x, positions, c.n_rot, c.rope_freq_base, False, 1.0)
-        if self.divisors is None and c.rope_attn_factor == 1.0:
-            return b.rope(*args)
-        if c.rope_attn_factor == 1.0:
-            return b.rope_ext(*args, self.divisors)
-        return b.rope_ext(*args, self.divisors, mscale=c.rope_attn_factor)
+        """RoPE over all of ``x`` ``(T, H, n_rot)``."""
+        return self.rotation.apply(self.b, x, positions)
 
     def _query(self, il: int, x: Any) -> Any:
         b, c, w, p = self.b, self.c, self.w, f"blk.{il}."

@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.contract.rope import RopeArgs
 from tessera.contract.yarn import yarn_divisors, yarn_mscale
 from tessera.errors import ModelFileError
 
@@ -49,31 +50,6 @@ class RopeScaling:
     #: The factors by GGUF tensor name when read from a ``config.json`` (an HF checkpoint
     #: has no such tensors); empty when read from GGUF, whose tensors hold them.
     hf_factors: tuple[tuple[str, tuple[float, ...]], ...] = ()
-
-
-@attrs.frozen(eq=False)
-class RopeArgs:
-    """What one layer rotates Q and K with (:meth:`Backend.rope` or ``rope_ext``)."""
-
-    n_rot: int
-    freq_base: float
-    freq_scale: float
-    neox: bool
-    freq_factors: np.ndarray | None = None
-    mscale: float = 1.0
-
-    @property
-    def plain(self) -> bool:
-        """Nothing ``rope`` cannot do: no factors, no magnitude scale."""
-        return self.freq_factors is None and self.mscale == 1.0
-
-    def apply(self, b: Any, x: Any, positions: np.ndarray) -> Any:
-        if self.plain:
-            return b.rope(x, positions, self.n_rot, self.freq_base, self.neox, self.freq_scale)
-        args = (x, positions, self.n_rot, self.freq_base, self.neox, self.freq_scale)
-        if self.mscale == 1.0:  # rope_ext's older signature suffices
-            return b.rope_ext(*args, self.freq_factors)
-        return b.rope_ext(*args, self.freq_factors, mscale=self.mscale)
 
 
 def needs_rope_ext(rs: RopeScaling) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.contract.rope import RopeArgs
 from tessera.contract.yarn import yarn_divisors, yarn_mscale
 from tessera.errors import ModelFileError
 
@@ -107,31 +108,14 @@ def rope_scaling_to_gguf(rs: RopeScaling, arch: str) -> dict[str, Any]:
     return meta
 
 
-@attrs.frozen(eq=False)
-class Rotation:
-    """What the attention layers rotate Q and K with (worked out once per model)."""
-
-    n_rot: int
-    freq_base: float
-    freq_scale: float = 1.0
-    divisors: np.ndarray | None = None
-    mscale: float = 1.0
-
-    def apply(self, b: Any, x: Any, positions: np.ndarray) -> Any:
-        if self.divisors is None:
-            return b.rope(x, positions, self.n_rot, self.freq_base, True, self.freq_scale)
-        return b.rope_ext(
-            x, positions, self.n_rot, self.freq_base, True, 1.0, self.divisors, mscale=self.mscale
-        )
-
-
-def rotation(n_rot: int, freq_base: float, rs: RopeScaling) -> Rotation:
+def rotation(n_rot: int, freq_base: float, rs: RopeScaling) -> RopeArgs:
     """The rotation of a model with ``n_rot`` rotated values, base ``freq_base``, ``rs``."""
     if rs.kind == "linear":
-        return Rotation(n_rot, freq_base, 1.0 / rs.factor)
+        return RopeArgs(n_rot, freq_base, 1.0 / rs.factor)
     if rs.kind == "yarn":
         blend = yarn_divisors(
             n_rot, freq_base, 1.0 / rs.factor, rs.n_ctx_orig, rs.beta_fast, rs.beta_slow
         )
-        return Rotation(n_rot, freq_base, 1.0, blend.astype(np.float32), yarn_mscale(rs.factor))
-    return Rotation(n_rot, freq_base)
+        mscale = yarn_mscale(rs.factor)
+        return RopeArgs(n_rot, freq_base, 1.0, True, blend.astype(np.float32), mscale)
+    return RopeArgs(n_rot, freq_base)

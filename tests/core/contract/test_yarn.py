@@ -47,3 +47,14 @@ def test_the_magnitude_scale_is_transformers_attention_factor(mscale, all_dim):
     )
     assert want == pytest.approx(attention_factor, rel=1e-12)
     assert yarn_mscale(1.0, 3.0) == 1.0  # not stretched: no scale
+
+
+@pytest.mark.parametrize("case", CASES[1:], ids=lambda c: f"R{c[0]}-f{c[2]:g}")
+def test_untruncated_divisors_give_transformers_frequencies(case):
+    n_rot, base, factor, n_ctx_orig, fast, slow = case
+    inv_freq, _ = transformers_yarn(*case, truncate=False)
+    divisors = yarn_divisors(n_rot, base, 1.0 / factor, n_ctx_orig, fast, slow, truncate=False)
+    theta = base ** (-np.arange(0, n_rot, 2) / n_rot)
+    np.testing.assert_allclose(theta / divisors, inv_freq, rtol=1e-6)
+    truncated = yarn_divisors(n_rot, base, 1.0 / factor, n_ctx_orig, fast, slow)
+    assert not np.allclose(divisors, truncated)  # the rounding is visible in these cases
