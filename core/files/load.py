@@ -20,6 +20,7 @@ from tessera.contract.experts import MoEOptions, build_experts
 from tessera.contract.ops import Op
 from tessera.engine.memory import available_bytes, check_weights_fit, weight_bytes
 from tessera.errors import ModelFileError, UnknownBackendError
+from tessera.files.gc_pause import collector_paused
 from tessera.files.gguf import RawTensor, read_gguf
 from tessera.files.hf import read_hf_config, read_safetensors_dir
 from tessera.files.identity import deferred_identity
@@ -137,6 +138,19 @@ def load_model(
     places a mixture-of-experts model's experts (offload, expert cache; see
     :mod:`tessera.contract.experts`); other models ignore it.
     """
+    with collector_paused():  # everything built here lives on: collections would find nothing
+        return _load_model(path, runtime, backend, progress, device, dtype, moe)
+
+
+def _load_model(
+    path: str | os.PathLike[str],
+    runtime: Any,
+    backend: Any,
+    progress: bool,
+    device: str | None,
+    dtype: str | None,
+    moe: MoEOptions | None,
+) -> Model:
     from tessera.files.model_names import resolve_model_path
 
     path = resolve_model_path(path)  # a path, or a packaged model's name
