@@ -33,9 +33,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection
-from typing import Any
 
-from tessera.plugins.chat.parser import Delta, Part, ReasoningPart, TextPart, ToolCallPart
+from tessera.plugins.chat.parser import Delta, PartStream, ToolCallPart
 from tessera.plugins.chat.tool_calls import arguments_json, partial_suffix
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -63,14 +62,14 @@ def harmony_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-class HarmonyParser:
+class HarmonyParser(PartStream):
     """Feeds generated harmony text; returns OpenAI deltas now and the parts at the end."""
 
     def __init__(
         self, reasoning: bool, tool_names: Collection[str], new_id: Callable[[], str]
     ) -> None:
+        super().__init__()
         self.reasoning, self.tool_names, self._new_id = reasoning, tool_names, new_id
-        self._buffer = ""
         self._state = "header"  # header, body (kind: reasoning, content, tool, raw) or text
         self._kind = ""
         self._header = ""
@@ -80,26 +79,7 @@ class HarmonyParser:
         #: The next text opens a message that continues a part of its kind: a newline first.
         self._join = False
         self._joinable = False  # the last text was a message's own (not kept as written)
-        self._parts: list[list] = []  # [kind, text or ToolCallPart]
-        self._n_calls = 0
 
-    def feed(self, text: str) -> list[Delta]:
-        """Take the next piece of generated text; return the deltas now safe to send."""
-        self._buffer += text
-        deltas: list[Delta] = []
-        while self._step(deltas, final=False):
-            pass
-        return deltas
-
-    def finish(self) -> tuple[list[Part], list[Delta]]:
-        """End of the text: the parts, and the deltas of what was still held back."""
-        deltas: list[Delta] = []
-        while self._step(deltas, final=True):
-            pass
-        parts = [p[1] if p[0] == "tool" else _PART_TYPES[p[0]](p[1]) for p in self._parts]
-        return parts, deltas
-
-    # one state-machine step; True while it made progress and may make more
     def _step(self, deltas: list[Delta], final: bool) -> bool:
         if self._state == "header":
             return self._step_header(deltas, final)
@@ -175,9 +155,7 @@ class HarmonyParser:
             if call is None:
                 self._emit("content", self._header + body + end, deltas, strip=False)
                 return
-            self._parts.append(["tool", call])
-            deltas.append({"tool_calls": [{"index": self._n_calls, **call.to_openai()}]})
-            self._n_calls += 1
+            self._record_call(call, deltas)
         elif kind == "raw":
             self._emit("content", body + end, deltas, strip=False)
         else:
@@ -219,16 +197,7 @@ class HarmonyParser:
             text = "\n" + text  # two messages of one kind: one part, a line apart
         self._strip_leading = self._join = False
         self._joinable = strip
-        if joins:
-            self._parts[-1][1] += text
-        else:
-            self._parts.append([kind, text])
-        key = "content" if kind == "content" else "reasoning_content"
-        if deltas and key in deltas[-1]:
-            deltas[-1][key] += text
-        else:
-            deltas.append({key: text})
+        self._record_text(kind, text, deltas)
 
 
 _KIND_PART = {"reasoning": "reasoning", "content": "content", "raw": "content", "tool": "content"}
-_PART_TYPES: dict[str, Any] = {"content": TextPart, "reasoning": ReasoningPart}

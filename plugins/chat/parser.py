@@ -9,6 +9,7 @@ the same parts. :class:`tessera.plugins.chat.session.ChatSession` wraps it with 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -54,27 +55,13 @@ class ToolCallPart:
 Part = TextPart | ReasoningPart | ToolCallPart
 
 
-class AnswerParser:
-    """Feeds generated text; returns OpenAI deltas now and the parts at the end."""
+class PartStream(ABC):
+    """What every answer parser shares: text fed piece by piece to a state machine
+    (:meth:`_step` until it makes no more progress), and the parts and OpenAI deltas it
+    records, a run of one kind of text making one part."""
 
-    def __init__(
-        self,
-        reasoning: ReasoningMarkers | None,
-        tool_syntax: ToolCallSyntax | None,
-        tool_names: Collection[str],
-        new_id: Callable[[], str],
-        reasoning_open: bool = False,
-    ) -> None:
-        self.reasoning = reasoning
-        self.tool_syntax = tool_syntax
-        self.tool_names = tool_names
-        self._new_id = new_id
-        self._state = "reasoning" if reasoning is not None and reasoning_open else "content"
+    def __init__(self) -> None:
         self._buffer = ""
-        self._marker = ""  # the start marker of the tool call being collected
-        self._blanks = ""  # the blanks before it
-        self._strip_leading = self._state == "reasoning"
-        self._at_boundary = True
         self._parts: list[list] = []  # [kind, text or ToolCallPart]
         self._n_calls = 0
 
@@ -94,7 +81,51 @@ class AnswerParser:
         parts = [p[1] if p[0] == "tool" else _PART_TYPES[p[0]](p[1]) for p in self._parts]
         return parts, deltas
 
-    # one state-machine step; True while it made progress and may make more
+    @abstractmethod
+    def _step(self, deltas: list[Delta], final: bool) -> bool:
+        """One state-machine step; True while it made progress and may make more."""
+
+    def _record_text(self, kind: str, text: str, deltas: list[Delta]) -> None:
+        """``text`` of ``kind`` (content, reasoning) onto the last part and delta of its kind."""
+        if self._parts and self._parts[-1][0] == kind:
+            self._parts[-1][1] += text
+        else:
+            self._parts.append([kind, text])
+        key = "content" if kind == "content" else "reasoning_content"
+        if deltas and key in deltas[-1]:
+            deltas[-1][key] += text
+        else:
+            deltas.append({key: text})
+
+    def _record_call(self, part: ToolCallPart, deltas: list[Delta]) -> None:
+        """A whole tool call: its own part and its own delta."""
+        self._parts.append(["tool", part])
+        deltas.append({"tool_calls": [{"index": self._n_calls, **part.to_openai()}]})
+        self._n_calls += 1
+
+
+class AnswerParser(PartStream):
+    """Feeds generated text; returns OpenAI deltas now and the parts at the end."""
+
+    def __init__(
+        self,
+        reasoning: ReasoningMarkers | None,
+        tool_syntax: ToolCallSyntax | None,
+        tool_names: Collection[str],
+        new_id: Callable[[], str],
+        reasoning_open: bool = False,
+    ) -> None:
+        super().__init__()
+        self.reasoning = reasoning
+        self.tool_syntax = tool_syntax
+        self.tool_names = tool_names
+        self._new_id = new_id
+        self._state = "reasoning" if reasoning is not None and reasoning_open else "content"
+        self._marker = ""  # the start marker of the tool call being collected
+        self._blanks = ""  # the blanks before it
+        self._strip_leading = self._state == "reasoning"
+        self._at_boundary = True
+
     def _step(self, deltas: list[Delta], final: bool) -> bool:
         if self._state == "reasoning":
             return self._step_reasoning(deltas, final)
@@ -171,9 +202,7 @@ class AnswerParser:
         else:
             for name, arguments, call_id in calls:
                 part = ToolCallPart(id=call_id or self._new_id(), name=name, arguments=arguments)
-                self._parts.append(["tool", part])
-                deltas.append({"tool_calls": [{"index": self._n_calls, **part.to_openai()}]})
-                self._n_calls += 1
+                self._record_call(part, deltas)
             self._at_boundary = True
             self._strip_leading = True
         return bool(self._buffer) or final
@@ -186,15 +215,7 @@ class AnswerParser:
         self._strip_leading = False
         if kind == "content":
             self._at_boundary = False
-        if self._parts and self._parts[-1][0] == kind:
-            self._parts[-1][1] += text
-        else:
-            self._parts.append([kind, text])
-        key = "content" if kind == "content" else "reasoning_content"
-        if deltas and key in deltas[-1]:
-            deltas[-1][key] += text
-        else:
-            deltas.append({key: text})
+        self._record_text(kind, text, deltas)
 
 
 _PART_TYPES: dict[str, type] = {"content": TextPart, "reasoning": ReasoningPart}
