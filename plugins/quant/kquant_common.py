@@ -18,6 +18,7 @@ Bit-exactness with llama.cpp's reference quantizers rests on three facts, checke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -122,6 +123,32 @@ def torch_grouped_weight(
         put(scales),
         None if offsets is None else put(offsets),
         dtype,
+    )
+
+
+def dequantize_with_mins(
+    b: np.ndarray, unpack: Callable[[np.ndarray], tuple[np.ndarray, ...]], group: int, size: int
+) -> np.ndarray:
+    """``scale * q - offset`` of the bytes ``b`` of a type of ``size`` bytes per super-block
+    (Q2_K, Q4_K, Q5_K): ``unpack(b)`` gives the per-group scales and offsets ``(nb,
+    n_groups)`` and the codes ``(nb, QK_K)``, ``group`` codes a group."""
+    with np.errstate(invalid="ignore"):  # a stored scale may be infinite or NaN
+        scale, offset, codes = unpack(b)
+        values = scale[..., None] * codes.reshape(*scale.shape, group).astype(F32)
+        values -= offset[..., None]
+    return values.reshape(*b.shape[:-1], b.shape[-1] // size * QK_K)
+
+
+def torch_weight_with_mins(
+    backend: Any, raw: Any, unpack: Callable[[np.ndarray], tuple[np.ndarray, ...]], group: int
+) -> TorchGroupedWeight:
+    """The :class:`TorchGroupedWeight` of such a type: uint8 codes plus one scale and one
+    offset per ``group`` codes."""
+    n_out = raw.shape[0]
+    scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
+    shape = (n_out, -1, 1)
+    return torch_grouped_weight(
+        backend, codes.reshape(n_out, -1, group), scale.reshape(shape), offset.reshape(shape)
     )
 
 

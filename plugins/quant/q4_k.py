@@ -24,7 +24,13 @@ from gguf import GGMLQuantizationType
 
 from tessera.contract.quant import QuantType
 from tessera.hookspecs import hookimpl
-from tessera.plugins.quant.kquant_common import F32, QK_K, int4_kernel, int4_or_grouped
+from tessera.plugins.quant.kquant_common import (
+    F32,
+    QK_K,
+    dequantize_with_mins,
+    int4_kernel,
+    int4_or_grouped,
+)
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
 from tessera.plugins.quant.native_weight import with_native
@@ -35,7 +41,6 @@ TESSERA_PLUGIN_API = 2
 TYPE_SIZE = 2 + 2 + 12 + QK_K // 2
 GROUP = 32
 NMAX = 15
-N_GROUPS = QK_K // GROUP
 INT4_ROWS = Switch(
     "TESSERA_Q4_K_INT4_ROWS",
     "Q4_K matmuls of fewer rows (default 16, CPU bf16/f16) on torch's int4 kernel, larger "
@@ -68,9 +73,7 @@ def unpack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def dequantize(b: np.ndarray) -> np.ndarray:
-    scale, offset, codes = unpack(b)
-    values = scale[..., None] * codes.reshape(-1, N_GROUPS, GROUP).astype(F32) - offset[..., None]
-    return values.reshape(*b.shape[:-1], b.shape[-1] // TYPE_SIZE * QK_K)
+    return dequantize_with_mins(b, unpack, GROUP, TYPE_SIZE)
 
 
 Q4_K = QuantType("Q4_K", int(GGMLQuantizationType.Q4_K), QK_K, TYPE_SIZE, quantize, dequantize)

@@ -24,9 +24,10 @@ from tessera.hookspecs import hookimpl
 from tessera.plugins.quant.kquant_common import (
     F32,
     QK_K,
+    dequantize_with_mins,
     fp16_value,
     torch_grouped_kernel,
-    torch_grouped_weight,
+    torch_weight_with_mins,
 )
 from tessera.plugins.quant.kquant_fit import quantize_k4
 from tessera.plugins.quant.kquant_layout import unpack_k4_scales
@@ -68,12 +69,7 @@ def unpack(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def dequantize(b: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore"):  # a stored scale may be infinite or NaN
-        scale, offset, codes = unpack(b)
-        values = (
-            scale[..., None] * codes.reshape(-1, N_GROUPS, GROUP).astype(F32) - offset[..., None]
-        )
-    return values.reshape(*b.shape[:-1], b.shape[-1] // TYPE_SIZE * QK_K)
+    return dequantize_with_mins(b, unpack, GROUP, TYPE_SIZE)
 
 
 Q5_K = QuantType("Q5_K", int(GGMLQuantizationType.Q5_K), QK_K, TYPE_SIZE, quantize, dequantize)
@@ -81,12 +77,7 @@ Q5_K = QuantType("Q5_K", int(GGMLQuantizationType.Q5_K), QK_K, TYPE_SIZE, quanti
 
 def load_torch(backend: Any, raw: Any) -> Any:
     """5-bit codes as uint8 plus one scale ``d * sc`` and one offset ``dmin * m`` per 32."""
-    n_out = raw.shape[0]
-    scale, offset, codes = unpack(np.asarray(raw.data).reshape(n_out, -1))
-    shape = (n_out, -1, 1)
-    return torch_grouped_weight(
-        backend, codes.reshape(n_out, -1, GROUP), scale.reshape(shape), offset.reshape(shape)
-    )
+    return torch_weight_with_mins(backend, raw, unpack, GROUP)
 
 
 @hookimpl
