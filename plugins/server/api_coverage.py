@@ -70,7 +70,6 @@ _OPENAI_UNDECLARED = {
     "modalities": "ignored: text only", "audio": "ignored: text only",
     "prediction": "ignored: predicted outputs are not implemented (see --spec-type)",
     "web_search_options": "ignored: no web search",
-    "reasoning_effort": "ignored: reasoning follows the chat template (chat_template_kwargs)",
     "functions": "ignored: the deprecated form of tools", "function_call": "ignored: likewise",
     "verbosity": "ignored: no verbosity control",
 }  # fmt: skip

@@ -129,6 +129,9 @@ CHAT = SAMPLING | CHAIN | group(
     Field("reasoning_format", "choice", "where reasoning goes: auto/deepseek = reasoning_content",
           "auto", choices=("auto", "deepseek", "none")),
     Field("chat_template_kwargs", "object", "extra variables for the chat template"),
+    Field("reasoning_effort", "choice", "none: the chat template's enable_thinking off; a "
+          "level: the template's reasoning_effort (over chat_template_kwargs')", None,
+          choices=("none", "minimal", "low", "medium", "high", "xhigh", "max")),
 )  # fmt: skip
 
 EMBEDDINGS = group(

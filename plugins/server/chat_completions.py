@@ -42,6 +42,22 @@ from .openai_common import (
 )
 
 
+def template_kwargs(f: Fields) -> dict[str, Any] | None:
+    """The chat template's variables: ``chat_template_kwargs`` with ``reasoning_effort``
+    over them, as llama-server does: ``none`` turns ``enable_thinking`` off (and passes no
+    level), any other level becomes the template's ``reasoning_effort`` (gpt-oss's)."""
+    effort, kwargs = f["reasoning_effort"], f["chat_template_kwargs"]
+    if effort is None:
+        return kwargs
+    out = dict(kwargs or {})
+    if effort == "none":
+        out["enable_thinking"] = False
+        out.pop("reasoning_effort", None)
+    else:
+        out["reasoning_effort"] = effort
+    return out
+
+
 def chat_session(served: ServedModel, f: Fields) -> ChatSession:
     """The chat of a request: its messages rendered with the template, tools and options."""
     messages = f["messages"]
@@ -72,7 +88,7 @@ def chat_session(served: ServedModel, f: Fields) -> ChatSession:
             tools=tools,
             tool_choice=f["tool_choice"],
             reasoning_format=f["reasoning_format"],
-            template_kwargs=f["chat_template_kwargs"],
+            template_kwargs=template_kwargs(f),
         )
     except TesseraError as exc:
         raise ApiError(400, str(exc)) from None

@@ -86,7 +86,8 @@ class Fields:
         value = self.get(name, field.default)
         if field.kind == "string" and value is not None and not isinstance(value, str):
             raise self._bad(name, "a string")
-        if field.kind == "choice" and value not in field.choices:
+        # None only where the default is None: the field is optional and was not given
+        if field.kind == "choice" and value is not None and value not in field.choices:
             raise self._bad(name, "one of " + ", ".join(field.choices))
         return value
 
