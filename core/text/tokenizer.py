@@ -22,12 +22,12 @@ from typing import Any
 from tessera.text.bpe_sessions import DNA_KMER_MARKER
 from tessera.text.hf_tokenizer import hf_dir_metadata
 from tessera.text.pre import PreTokenizer
+from tessera.text.special_tokens import SpecialTokens
 from tessera.text.stream import StreamDecoder
 from tessera.text.tokenizer_kinds import build_model, render_token
 from tessera.text.vocab import (
     DEFAULT_IDS,
     HIDDEN,
-    SPECIAL,
     TokenAttr,
     TokenizerError,
     TokenType,
@@ -57,14 +57,14 @@ class Tokenizer:
         config = vocab_config(metadata, runtime)
         self.config = config
         self.model: str = config.model
-        # llama.cpp names empty tokens so that every token has a text
-        self._tokens = [
-            t or f"[EMPTY_{i}]" for i, t in enumerate(metadata["tokenizer.ggml.tokens"])
-        ]
+        self._tokens = list(metadata["tokenizer.ggml.tokens"])
+        if not all(self._tokens):  # llama.cpp names empty tokens so that every token has a text
+            self._tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(self._tokens)]
         n = len(self._tokens)
-        self._ids: dict[str, int] = {}
-        for i, text in enumerate(self._tokens):
-            self._ids.setdefault(text, i)  # llama.cpp rejects duplicates; keep the first
+        # llama.cpp rejects duplicates; keep the first (the last write of the reversed pairs)
+        self._ids: dict[str, int] = dict(
+            zip(reversed(self._tokens), range(n - 1, -1, -1), strict=True)
+        )
         if config.model == "hybriddna" and "<oov>" in self._ids:
             # the k-mers after <oov> render without the marker that keeps their ids apart
             for i in range(self._ids["<oov>"] + 1, n):
@@ -106,10 +106,7 @@ class Tokenizer:
                     f"tokenizer.ggml.add_*_token / *_token_id metadata"
                 )
         # Tokens cut out of raw text before the model runs: longest first, as llama.cpp does.
-        self._cut_order = sorted(
-            (i for i in range(n) if self._attrs[i] & SPECIAL),
-            key=lambda i: (-len(self._tokens[i].encode()), i),
-        )
+        self._specials = SpecialTokens(self._tokens, self._attrs)
         apply_strip_attrs(self._ids, self._attrs, metadata)
         self._model = build_model(config, self._tokens, self._ids, self._attrs, ids, metadata)
         self._piece_cache: dict[int, bytes] = {}
@@ -197,7 +194,7 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut special tokens out of the text: a list of raw-text pieces and token ids."""
         frags: list[str | int] = [text] if text else []
-        for tid in self._cut_order:
+        for tid in self._specials.in_text(text) if text else ():
             attr = self._attrs[tid]
             if not parse_special and attr & HIDDEN:
                 continue  # control/unknown tokens are plain text unless parse_special

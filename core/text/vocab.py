@@ -8,6 +8,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from tessera.errors import TokenizerError as TokenizerError  # its home is tessera.errors
 
 SPACE_MARKER = "\u2581"  # SentencePiece's "▁"
@@ -50,6 +52,8 @@ SPECIAL = int(TokenAttr.CONTROL | TokenAttr.USER_DEFINED | TokenAttr.UNKNOWN)
 HIDDEN = int(TokenAttr.CONTROL | TokenAttr.UNKNOWN)
 
 _TYPE_ATTR = {int(t): int(TokenAttr[t.name]) for t in TokenType}
+#: ``_TYPE_ATTR`` as a table indexed by type value (0 where a value names no type).
+_TYPE_TABLE = np.array([_TYPE_ATTR.get(v, 0) for v in range(max(_TYPE_ATTR) + 1)], np.int64)
 
 
 def token_attrs(types: Sequence[int] | None, n: int) -> list[int]:
@@ -57,7 +61,9 @@ def token_attrs(types: Sequence[int] | None, n: int) -> list[int]:
     the file has none; an unknown type value is undefined)."""
     if types is None:
         return [int(TokenAttr.NORMAL)] * n
-    return [_TYPE_ATTR.get(int(t), 0) for t in types[:n]]
+    values = np.asarray(types[:n], dtype=np.int64)
+    known = (values >= 0) & (values < len(_TYPE_TABLE))
+    return np.where(known, _TYPE_TABLE[np.where(known, values, 0)], 0).tolist()
 
 
 ID_KEYS = {
@@ -156,8 +162,8 @@ def apply_load_rules(
             if found:
                 ids[role] = found[0]
                 attrs[found[0]] |= _CONTROL
-    for tid, attr in enumerate(attrs):
-        if attr & _CONTROL and "unused" in tokens[tid]:
+    for tid in np.flatnonzero(np.asarray(attrs, dtype=np.int64) & _CONTROL).tolist():
+        if "unused" in tokens[tid]:
             attrs[tid] |= _UNUSED
     eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep") if ids[r] is not None}
     for text in EOG_TEXTS & token_ids.keys():
