@@ -13,11 +13,13 @@ The oracle is transformers itself, loading the committed HF folder in float32.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import numpy as np
+import pytest
 import torch
 import transformers
 
@@ -28,6 +30,7 @@ from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.files.load import load_model
 from tessera.plugin_manager import Runtime
 from tessera.plugins.cmd.convert import convert_hf_to_gguf
+from tessera.testing.arch import relative_error
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCH_DIR = DATA / "arch"
@@ -295,3 +298,37 @@ def tessera_answers(
     ctx = Context(model, ContextParams(n_ctx=n_ctx))
     sampler = Sampler(SamplerParams(temperature=0))
     return logits, list(generate(ctx, prompt.tolist(), n_predict, sampler))
+
+
+def family_parity(
+    fixtures: Mapping[str, Fixture], names: Sequence[str], tol: float = 1e-5
+) -> tuple[Any, Any, Any]:
+    """The module-scoped ``family`` fixture (each of ``names`` in turn) and the two tests
+    every family's parity module runs on it, to assign to those three names: tessera gives
+    transformers' logits for every prompt row (relative error <= ``tol``) and its greedy
+    continuation, from each source on each backend; and ``tessera convert`` writes what
+    llama.cpp's converter writes."""
+
+    @pytest.fixture(scope="module", params=list(names), name="family")
+    def family(request: Any, tmp_path_factory: Any) -> Family:
+        return Family(fixtures[request.param], tmp_path_factory.mktemp(request.param))
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    @pytest.mark.parametrize("source", SOURCES)
+    def test_logits_and_greedy_tokens_match_transformers(
+        family: Family, source: str, backend: str
+    ) -> None:
+        prompt, logits, greedy = family.expected(source)
+        got, tokens = tessera_answers(family.path(source), backend, prompt)
+        assert got.shape == logits.shape
+        assert relative_error(got, logits) <= tol
+        assert tokens == greedy
+
+    def test_tessera_writes_what_llama_cpp_writes(family: Family) -> None:
+        assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+
+    return (
+        family,
+        test_logits_and_greedy_tokens_match_transformers,
+        test_tessera_writes_what_llama_cpp_writes,
+    )

@@ -7,6 +7,9 @@ on numpy and torch in f32, and must reproduce transformers' logits for every pro
 cache. The 12-token prompt is past YaRN's original context of 8. The cache holds what
 llama.cpp's holds for MLA: one row of latent and RoPE key per token and layer, V read from
 it; transformers decompresses per head, so agreeing with it checks the absorbed attention.
+``tessera convert`` writes what llama.cpp's converter writes: kv_b_proj split into attn_k_b /
+attn_v_b, the MLA head dims, YaRN's log multiplier (a tenth of mscale_all_dim) and the
+router's keys.
 """
 
 from __future__ import annotations
@@ -20,12 +23,9 @@ from deepseek2_fixtures import FIXTURES
 from llama_like import (
     BACKENDS,
     RUNTIME,
-    SOURCES,
-    Family,
-    gguf_disagreements,
+    family_parity,
     load,
     prompt_of,
-    tessera_answers,
 )
 
 from tessera.cli.main import main
@@ -37,7 +37,6 @@ from tessera.engine.memory import kv_cache_bytes
 from tessera.engine.sampling import Sampler, SamplerParams
 from tessera.errors import ModelFileError
 from tessera.files.gguf import read_gguf
-from tessera.testing.arch import relative_error
 from tessera.testing.pytest_plugin import architecture_conformance
 from tessera.text.chat_template import ChatTemplate
 from tessera.text.tokenizer import Tokenizer
@@ -46,18 +45,11 @@ TOL = 1e-5
 ARCH = RUNTIME.architecture("deepseek2")
 
 
-@pytest.fixture(scope="module", params=list(FIXTURES))
-def family(request, tmp_path_factory):
-    return Family(FIXTURES[request.param], tmp_path_factory.mktemp(request.param))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, list(FIXTURES), TOL)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -66,12 +58,6 @@ def test_a_prompt_prefilled_in_ubatches_of_5_reads_the_latent_cache_across_them(
     ctx = Context(load(family.f.gguf, backend), ContextParams(n_ctx=64, n_ubatch=5))
     sampler = Sampler(SamplerParams(temperature=0))
     assert list(generate(ctx, prompt.tolist(), len(greedy), sampler)) == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    """kv_b_proj split into attn_k_b / attn_v_b, the MLA head dims, YaRN's log multiplier
-    (a tenth of mscale_all_dim) and the router's keys, as llama.cpp's converter writes."""
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
 
 
 @pytest.mark.parametrize("source", ["hf", "llama.cpp"])

@@ -19,15 +19,11 @@ import shutil
 import numpy as np
 import pytest
 from llama_like import (
-    BACKENDS,
     FIXTURES,
     RUNTIME,
-    SOURCES,
-    Family,
-    gguf_disagreements,
+    family_parity,
     load,
     prompt_of,
-    tessera_answers,
 )
 from safetensors.numpy import load_file, save_file
 
@@ -37,28 +33,16 @@ from tessera.engine.batch import Batch
 from tessera.engine.context import Context, ContextParams
 from tessera.files.gguf import read_gguf
 from tessera.plugins.cmd.convert import convert_hf_to_gguf
-from tessera.testing.arch import relative_error
 from tessera.testing.pytest_plugin import architecture_conformance
 
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["glm4", "glm4moe"])
-def family(request, tmp_path_factory):
-    return Family(FIXTURES[request.param], tmp_path_factory.mktemp(request.param))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, ["glm4", "glm4moe"], TOL)
 
 
 @pytest.mark.parametrize("source", ["hf", "llama.cpp"])

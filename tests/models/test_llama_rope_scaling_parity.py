@@ -10,14 +10,9 @@ torch in f32, and must reproduce transformers' logits for every prompt row (rela
 
 from __future__ import annotations
 
-import pytest
 from llama_like import (
-    BACKENDS,
     FIXTURES,
-    SOURCES,
-    Family,
-    gguf_disagreements,
-    tessera_answers,
+    family_parity,
     transformers_answers,
 )
 
@@ -26,22 +21,11 @@ from tessera.testing.arch import relative_error
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["llama-linear", "llama-llama3", "llama-yarn"])
-def family(request, tmp_path_factory):
-    return Family(FIXTURES[request.param], tmp_path_factory.mktemp(request.param))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, ["llama-linear", "llama-llama3", "llama-yarn"], TOL)
 
 
 def test_the_scaling_matters_for_this_prompt(family):

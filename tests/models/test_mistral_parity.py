@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import pytest
 from llama_like import (
-    BACKENDS,
     FIXTURES,
-    SOURCES,
     Family,
-    gguf_disagreements,
-    tessera_answers,
+    family_parity,
 )
 
 from tessera.files.gguf import read_gguf
@@ -32,23 +29,11 @@ from tessera.testing.pytest_plugin import architecture_conformance
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["mistral", "ministral3"])
-def family(request, tmp_path_factory):
-    return Family(FIXTURES[request.param], tmp_path_factory.mktemp(request.param))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert got.shape == logits.shape
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, ["mistral", "ministral3"], TOL)
 
 
 def test_the_sliding_window_is_kept_by_tessera_and_dropped_by_llama_cpp(tmp_path):

@@ -10,39 +10,23 @@ from __future__ import annotations
 
 import pytest
 from llama_like import (
-    BACKENDS,
     FIXTURES,
     RUNTIME,
-    SOURCES,
-    Family,
-    gguf_disagreements,
-    tessera_answers,
+    family_parity,
 )
 
 from tessera.errors import ModelFileError
 from tessera.files.gguf import read_gguf
-from tessera.testing.arch import relative_error
 from tessera.testing.pytest_plugin import architecture_conformance
 
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return Family(FIXTURES["olmo2"], tmp_path_factory.mktemp("olmo2"))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, ["olmo2"], TOL)
 
 
 def test_olmo3_sliding_window_files_are_refused(family):

@@ -13,39 +13,23 @@ import json
 import attrs
 import pytest
 from llama_like import (
-    BACKENDS,
     FIXTURES,
     RUNTIME,
-    SOURCES,
-    Family,
-    gguf_disagreements,
-    tessera_answers,
+    family_parity,
 )
 
 from tessera.errors import ModelFileError
 from tessera.files.load import load_model
-from tessera.testing.arch import relative_error
 from tessera.testing.pytest_plugin import architecture_conformance
 
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    return Family(FIXTURES["smollm3"], tmp_path_factory.mktemp("smollm3"))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_and_greedy_tokens_match_transformers(family, source, backend):
-    prompt, logits, greedy = family.expected(source)
-    got, tokens = tessera_answers(family.path(source), backend, prompt)
-    assert relative_error(got, logits) <= TOL
-    assert tokens == greedy
-
-
-def test_tessera_writes_what_llama_cpp_writes(family):
-    assert gguf_disagreements(family.tessera_gguf, family.f.gguf) == []
+(
+    family,
+    test_logits_and_greedy_tokens_match_transformers,
+    test_tessera_writes_what_llama_cpp_writes,
+) = family_parity(FIXTURES, ["smollm3"], TOL)
 
 
 @pytest.mark.parametrize("source", ["hf", "llama.cpp"])
