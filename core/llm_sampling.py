@@ -64,6 +64,16 @@ OFF_VALUES: Mapping[str, tuple[Any, ...]] = {
     "functions": (None,),
     "function_call": (None,),
 }
+#: What to do instead, for the keywords of :data:`OFF_VALUES` that tessera has elsewhere.
+WAY_OUT: Mapping[str, str] = {
+    "tools": "tools belong to a chat; call LLM.chat(messages, tools=...) instead",
+    "tool_choice": "a tool choice belongs to a chat; call LLM.chat(messages, tools=..., "
+    "tool_choice=...) instead",
+    "functions": "functions is the deprecated form of tools; call LLM.chat(messages, "
+    "tools=...) instead",
+    "function_call": "function_call is the deprecated form of tool_choice; call "
+    "LLM.chat(messages, tools=..., tool_choice=...) instead",
+}
 #: llama-cpp-python's defaults where they differ between its two methods.
 COMPLETE_DEFAULTS: Mapping[str, Any] = {"max_tokens": 16, "temperature": 0.8}
 CHAT_DEFAULTS: Mapping[str, Any] = {"max_tokens": None, "temperature": 0.2}
@@ -209,10 +219,10 @@ class SamplingKeywords:
             # None and the booleans by identity, so 0 is not taken for False
             same = (value is v if v is None or isinstance(v, bool) else value == v for v in off)
             if off and not any(same):
-                raise TypeError(
-                    f"LLM.{method}() cannot take {name}={value!r}: tessera has no such "
-                    f"stage or output; leave {name} out (or give {off[0]!r})"
+                way_out = WAY_OUT.get(name) or (
+                    f"tessera has no such stage or output; leave {name} out (or give {off[0]!r})"
                 )
+                raise TypeError(f"LLM.{method}() cannot take {name}={value!r}: {way_out}")
         args = {**defaults, **given}
         sampling = {k: args[k] for k in SAMPLER_KEYWORDS if args.get(k) is not None}
         params = self._with_breakers(SamplerParams(**sampling), tokenizer)

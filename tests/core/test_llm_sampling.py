@@ -188,6 +188,27 @@ def test_a_llama_cpp_python_stage_tessera_lacks_is_refused_by_name(llm, kw):
 
 
 @pytest.mark.parametrize(
+    ("method", "kw", "way_out"),
+    [
+        ("complete", {"tools": [{"type": "function"}]}, "tools belong to a chat; call "
+         "LLM.chat(messages, tools=...) instead"),
+        ("complete", {"tool_choice": "auto"}, "a tool choice belongs to a chat; call "
+         "LLM.chat(messages, tools=..., tool_choice=...) instead"),
+        ("chat", {"functions": [{"name": "f"}]}, "functions is the deprecated form of tools; "
+         "call LLM.chat(messages, tools=...) instead"),
+        ("chat", {"function_call": "auto"}, "function_call is the deprecated form of "
+         "tool_choice; call LLM.chat(messages, tools=..., tool_choice=...) instead"),
+    ],
+)  # fmt: skip
+def test_tools_outside_a_chat_are_refused_with_the_chat_call_to_make(llm, method, kw, way_out):
+    (name,) = kw
+    prompt = PROMPT if method == "complete" else [{"role": "user", "content": "hi"}]
+    with pytest.raises(TypeError) as err:
+        getattr(llm, method)(prompt, max_tokens=2, **kw)
+    assert str(err.value) == f"LLM.{method}() cannot take {name}={kw[name]!r}: {way_out}"
+
+
+@pytest.mark.parametrize(
     ("kw", "message"),
     [
         ({"top_p": 2.0}, "top_p must be a finite number between 0 and 1"),
