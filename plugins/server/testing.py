@@ -76,6 +76,73 @@ def live_server(
             sock.close()
 
 
+class ScriptedEngine:
+    """Stands in for a served model's slot engine where a test needs an answer the model
+    would not write (a tool call, a thinking block): every request gets ``tokens`` as they
+    are when it is submitted, one every ``delay_s``, and is kept in ``requests``; a
+    cancelled one stops. Its finish reports ``t_prompt_ms`` and ``ms_per_token`` per
+    token. Everything else (slots, context) is the real engine's; the template, parsing
+    and HTTP are the real server's."""
+
+    def __init__(
+        self,
+        real: Any,
+        tokens: Sequence[int] = (),
+        delay_s: float = 0.0,
+        t_prompt_ms: float = 1.0,
+        ms_per_token: float = 1.0,
+    ) -> None:
+        self.real, self.tokens, self.delay_s = real, list(tokens), delay_s
+        self.t_prompt_ms, self.ms_per_token = t_prompt_ms, ms_per_token
+        self.ctx, self.slots = real.ctx, real.slots
+        self.requests: list[Any] = []
+
+    def submit(self, request: Any, on_event: Any) -> _ScriptedTask:
+        from tessera.engine.slot_types import FinishEvent, TokenEvent
+
+        self.requests.append(request)
+        task, tokens = _ScriptedTask(), list(self.tokens)
+
+        def play() -> None:
+            for t in tokens:
+                if task.cancelled:
+                    return
+                on_event(TokenEvent(t))
+                if self.delay_s:
+                    time.sleep(self.delay_s)
+            n, n_prompt = len(tokens), len(request.prompt)
+            ms = n * self.ms_per_token
+            on_event(FinishEvent("stop", n_prompt, 0, n, self.t_prompt_ms, ms, 0))
+
+        threading.Thread(target=play, daemon=True).start()
+        return task
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class _ScriptedTask:
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@contextlib.contextmanager
+def scripted_answer(srv: LiveServer, text: str, **engine: Any) -> Iterator[ScriptedEngine]:
+    """Inside the block, the server's default model answers ``text`` (its tokens, special
+    ones read as such) to every request; yields the :class:`ScriptedEngine` (``engine``:
+    its other settings)."""
+    served = srv.model
+    tokens = served.tokenizer.encode(text, add_special=False, parse_special=True)
+    real = served.engine
+    served.engine = ScriptedEngine(real, tokens, **engine)
+    try:
+        yield served.engine
+    finally:
+        served.engine = real
+
+
 #: FIM token ids given to the bundled model by :func:`write_fim_model` (ordinary tokens of
 #: its vocabulary: the layout, not the model's skill, is what tests check).
 FIM_TEST_IDS: Mapping[str, int] = {

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 import anthropic
 import openai
 import pytest
 
-from tessera.engine.slot_types import FinishEvent, TokenEvent
-from tessera.plugins.server.testing import live_server
+from tessera.plugins.server.testing import live_server, scripted_answer
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a dog."}]
 #: this client has no sampling arguments (newer models take none); the API has the fields
@@ -147,33 +144,10 @@ ANSWER = (
 )
 
 
-class ScriptedEngine:
-    """Stands in for the slot engine (a tiny model writes no tool calls): every request
-    gets ``tokens``; the template, parsing and HTTP are the real server's."""
-
-    def __init__(self, real, tokens):
-        self.real, self.tokens = real, tokens
-
-    def submit(self, request, on_event):
-        def play():
-            for t in self.tokens:
-                on_event(TokenEvent(t))
-            on_event(FinishEvent("stop", len(request.prompt), 0, len(self.tokens), 1.0, 1.0, 0))
-
-        threading.Thread(target=play, daemon=True).start()
-        return SimpleNamespace(cancel=lambda: None)
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
 @contextlib.contextmanager
 def _scripted(template, answer):
     argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(template)]
-    with live_server(argv) as srv:
-        served = srv.model
-        tokens = served.tokenizer.encode(answer, add_special=False, parse_special=True)
-        served.engine = ScriptedEngine(served.engine, tokens)
+    with live_server(argv) as srv, scripted_answer(srv, answer):
         yield srv
 
 

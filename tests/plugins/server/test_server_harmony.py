@@ -11,14 +11,12 @@ chat template to the OpenAI JSON is the real server.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import openai
 import pytest
 
-from tessera.engine.slot_types import FinishEvent, TokenEvent
-from tessera.plugins.server.testing import live_server
+from tessera.plugins.server.testing import ScriptedEngine, live_server
 
 MODEL = Path(__file__).resolve().parents[2] / "data" / "arch" / "gpt-oss" / "gpt-oss-f32.gguf"
 TOOLS = [
@@ -40,34 +38,6 @@ FINAL_ANSWER = (
     "<|channel|>analysis<|message|>Simple question.<|end|>"
     "<|start|>assistant<|channel|>final<|message|>It is 18C in Paris."
 )
-
-
-class ScriptedEngine:
-    """Stands in for the slot engine: answers every request with ``self.tokens``."""
-
-    def __init__(self, real):
-        self.real, self.tokens, self.prompts = real, [], []
-        self.ctx, self.slots = real.ctx, real.slots
-
-    def submit(self, request, on_event):
-        self.prompts.append(request.prompt)
-        tokens = list(self.tokens)
-
-        def play():
-            for t in tokens:
-                on_event(TokenEvent(t))
-            on_event(FinishEvent("stop", len(request.prompt), 0, len(tokens), 1.0, 1.0, 0))
-
-        threading.Thread(target=play, daemon=True).start()
-        return _Task()
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
-class _Task:
-    def cancel(self):
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +73,7 @@ def test_a_harmony_tool_call_becomes_tool_calls_and_the_analysis_reasoning(serve
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id
     # the model's own template rendered the prompt, the tools in its functions namespace
-    prompt = served.model.tokenizer.decode(served.model.engine.prompts[-1])
+    prompt = served.model.tokenizer.decode(served.model.engine.requests[-1].prompt)
     assert prompt.startswith("<|start|>system<|message|>")
     assert "namespace functions" in prompt and "type get_weather" in prompt
     assert prompt.endswith("<|start|>user<|message|>Weather in Paris?<|end|><|start|>assistant")
@@ -139,5 +109,5 @@ def test_tool_choice_none_keeps_the_call_as_text(served):
     message = _ask(served, CALL_ANSWER, tool_choice="none").choices[0].message
     assert message.tool_calls is None
     assert message.content == CALL_ANSWER.split("<|end|>")[1]  # the call message as written
-    prompt = served.model.tokenizer.decode(served.model.engine.prompts[-1])
+    prompt = served.model.tokenizer.decode(served.model.engine.requests[-1].prompt)
     assert "get_weather" not in prompt

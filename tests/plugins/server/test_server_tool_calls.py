@@ -8,14 +8,12 @@ from the chat template to the OpenAI JSON is the real server.
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import openai
 import pytest
 
-from tessera.engine.slot_types import FinishEvent, TokenEvent
-from tessera.plugins.server.testing import live_server
+from tessera.plugins.server.testing import live_server, scripted_answer
 
 TEMPLATE = (
     Path(__file__).resolve().parents[2]
@@ -39,40 +37,10 @@ ANSWER = (
 )
 
 
-class ScriptedEngine:
-    """Stands in for the slot engine: answers every request with ``tokens``."""
-
-    def __init__(self, real, tokens):
-        self.real, self.tokens, self.prompts = real, tokens, []
-        self.ctx, self.slots = real.ctx, real.slots
-
-    def submit(self, request, on_event):
-        self.prompts.append(request.prompt)
-
-        def play():
-            for t in self.tokens:
-                on_event(TokenEvent(t))
-            on_event(FinishEvent("stop", len(request.prompt), 0, len(self.tokens), 1.0, 1.0, 0))
-
-        threading.Thread(target=play, daemon=True).start()
-        return _Task()
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
-class _Task:
-    def cancel(self):
-        pass
-
-
 @pytest.fixture(scope="module")
 def scripted():
     argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(TEMPLATE)]
-    with live_server(argv) as srv:
-        served = srv.model
-        tokens = served.tokenizer.encode(ANSWER, add_special=False, parse_special=True)
-        served.engine = ScriptedEngine(served.engine, tokens)
+    with live_server(argv) as srv, scripted_answer(srv, ANSWER):
         yield srv
 
 
@@ -92,7 +60,7 @@ def test_a_tool_call_becomes_tool_calls_and_the_text_stays_content(scripted):
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id
     # the tools were rendered into the prompt by the model's template
-    prompt = scripted.model.tokenizer.decode(scripted.model.engine.prompts[-1])
+    prompt = scripted.model.tokenizer.decode(scripted.model.engine.requests[-1].prompt)
     assert "get_weather" in prompt and "<tools>" in prompt
 
 
@@ -110,5 +78,5 @@ def test_tool_choice_none_keeps_the_tools_out_and_the_text_as_text(scripted):
     r = _ask(scripted, tool_choice="none")
     assert r.choices[0].message.tool_calls is None
     assert "<tool_call>" in r.choices[0].message.content
-    prompt = scripted.model.tokenizer.decode(scripted.model.engine.prompts[-1])
+    prompt = scripted.model.tokenizer.decode(scripted.model.engine.requests[-1].prompt)
     assert "get_weather" not in prompt

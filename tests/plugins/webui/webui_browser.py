@@ -10,11 +10,9 @@ request the page sent is recorded with its sampler settings and prompt.
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from pathlib import Path
 
-from tessera.engine.slot_types import FinishEvent, TokenEvent
+from tessera.plugins.server.testing import scripted_answer as served_answer
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "chat-templates"
 #: Qwen3's template names <think>...</think>, so the chat plugin splits reasoning out.
@@ -114,54 +112,13 @@ def no_horizontal_scroll(driver) -> bool:
     )
 
 
-class ScriptedEngine:
-    """Stands in for a slot engine: answers every request with ``tokens``, one every
-    ``delay_s``, and records each request (``requests``)."""
-
-    def __init__(self, real, tokens, delay_s: float = 0.004):
-        self.real, self.tokens, self.delay_s = real, tokens, delay_s
-        self.ctx, self.slots = real.ctx, real.slots
-        self.requests = []
-
-    def submit(self, request, on_event):
-        self.requests.append(request)
-        task = _Task()
-
-        def play():
-            for t in self.tokens:
-                if task.cancelled:
-                    return
-                on_event(TokenEvent(t))
-                time.sleep(self.delay_s)
-            n = len(self.tokens)
-            on_event(FinishEvent("stop", len(request.prompt), 0, n, 5.0, n * MS_PER_TOKEN, 0))
-
-        threading.Thread(target=play, daemon=True).start()
-        return task
-
-    def __getattr__(self, name):
-        return getattr(self.real, name)
-
-
-class _Task:
-    cancelled = False
-
-    def cancel(self):
-        self.cancelled = True
-
-
 @contextlib.contextmanager
 def scripted_answer(srv, text: str):
-    """The server's model answers ``text`` to everything inside the block; yields the
-    scripted engine (its ``requests``, and ``tokens``: how many the answer is)."""
-    served = srv.model
-    tokens = served.tokenizer.encode(text, add_special=False, parse_special=True)
-    real = served.engine
-    served.engine = ScriptedEngine(real, tokens)
-    try:
-        yield served.engine
-    finally:
-        served.engine = real
+    """The server's model answers ``text`` to everything inside the block, a token every
+    4 ms, reporting ``MS_PER_TOKEN``; yields the scripted engine (its ``requests``, and
+    ``tokens``: the answer's)."""
+    with served_answer(srv, text, delay_s=0.004, t_prompt_ms=5.0, ms_per_token=MS_PER_TOKEN) as e:
+        yield e
 
 
 def prompt_text(srv, request) -> str:
