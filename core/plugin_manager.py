@@ -89,6 +89,7 @@ class Runtime(Catalogues):
             self.on_failure(failure)
 
     def _load(self, entry_points: Iterable[Any]) -> None:
+        distributions: dict[Any, tuple[str, str]] = {}
         for ep in entry_points:
             if ep.name in self.disabled or (self.only is not None and ep.name not in self.only):
                 continue
@@ -97,7 +98,7 @@ class Runtime(Catalogues):
             except Exception as exc:
                 self._fail(ep.name, f"{type(exc).__name__}: {exc}")
                 continue
-            self.add_plugin(module, ep.name, _distribution_of(ep))
+            self.add_plugin(module, ep.name, _distribution_of(ep, distributions))
 
     def add_plugin(self, module: Any, name: str, distribution: tuple[str, str] = ("", "")) -> bool:
         """Register one plugin object; returns False (or raises in strict mode) if refused."""
@@ -152,8 +153,13 @@ def _find_entry_points() -> list[Any]:
     return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
-def _distribution_of(ep: Any) -> tuple[str, str]:
+def _distribution_of(ep: Any, seen: dict[Any, tuple[str, str]]) -> tuple[str, str]:
+    """Name and version of the entry point's distribution; ``seen`` keeps them per
+    distribution, as every read of ``dist.metadata`` parses its METADATA file again."""
     dist = getattr(ep, "dist", None)
     if dist is None:
         return ("", "")
-    return (dist.metadata["Name"] or "", dist.version or "")
+    if dist not in seen:
+        metadata = dist.metadata
+        seen[dist] = (metadata["Name"] or "", metadata["Version"] or "")
+    return seen[dist]

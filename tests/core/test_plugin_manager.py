@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera import PLUGIN_API_VERSION
 from tessera.errors import PluginError, UnknownArchitectureError
 from tessera.plugin_manager import Runtime
 
@@ -168,3 +169,36 @@ def test_trace_env_var_prints_hook_calls(monkeypatch, capsys):
     rt = Runtime(only=["arch-llama"])
     rt.pm.hook.tessera_register_architectures(register=lambda a: None)
     assert "tessera_register_architectures" in capsys.readouterr().err
+
+
+class _CountingDistribution:
+    """A distribution whose METADATA is counted each time it is parsed."""
+
+    def __init__(self) -> None:
+        self.parses = 0
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        self.parses += 1
+        return {"Name": "tessera_test_pair", "Version": "0.4.2"}
+
+
+class _EntryPoint:
+    def __init__(self, name: str, dist: _CountingDistribution) -> None:
+        self.name, self.dist = name, dist
+
+    def load(self):
+        """A plugin module that registers no hook."""
+        module = type(sys)(f"tessera_test_{self.name}")
+        module.TESSERA_PLUGIN_API = PLUGIN_API_VERSION
+        return module
+
+
+def test_plugins_of_one_distribution_read_its_metadata_once():
+    dist = _CountingDistribution()
+    rt = Runtime(entry_points=[_EntryPoint("first", dist), _EntryPoint("second", dist)])
+    assert [(r.name, r.distribution, r.version) for r in rt.plugins] == [
+        ("first", "tessera_test_pair", "0.4.2"),
+        ("second", "tessera_test_pair", "0.4.2"),
+    ]
+    assert dist.parses == 1
