@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from tessera.text.unicode_classes import WHITESPACE_CODEPOINTS
 from tessera.text.vocab import SPACE_MARKER
 
 if TYPE_CHECKING:
@@ -101,24 +102,7 @@ def _spm_merges(
 
 # -- BERT (WPM) normalization, as llama.cpp's WPM preprocess does it --------------------------
 
-_WHITESPACE = frozenset(
-    map(
-        chr,
-        [
-            *range(0x09, 0x0E),
-            0x20,
-            0x85,
-            0xA0,
-            0x1680,
-            *range(0x2000, 0x200B),
-            0x2028,
-            0x2029,
-            0x202F,
-            0x205F,
-            0x3000,
-        ],
-    )
-)
+_WHITESPACE = frozenset(map(chr, WHITESPACE_CODEPOINTS))
 _CJK_RANGES = (
     (0x4E00, 0x9FFF),
     (0x3400, 0x4DBF),
