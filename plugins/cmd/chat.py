@@ -62,13 +62,17 @@ def add_conversation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _line_reader(interactive: bool) -> Any:
-    """``input``; on a terminal with readline loaded, so the line can be edited."""
-    if interactive:
-        try:
-            import readline  # noqa: F401  (importing it gives input() line editing)
-        except ImportError:  # Windows without pyreadline: plain input
-            pass
-    return input
+    """``input``; on a terminal with readline loaded, so the line can be edited, and
+    made to take a Ctrl-C however soon after the prompt it comes."""
+    if not interactive:
+        return input
+    try:
+        import readline  # noqa: F401  (importing it gives input() line editing)
+    except ImportError:  # Windows without pyreadline: plain input
+        pass
+    from tessera.plugins.cmd.chat_input import interruptible_input
+
+    return interruptible_input
 
 
 def _file_reader(path: str) -> Any:

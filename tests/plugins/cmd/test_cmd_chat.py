@@ -133,7 +133,9 @@ def test_ctrl_c_stops_the_answer_and_the_next_question_is_answered(chat, tmp_pat
     assert whole.startswith(cut["content"])
     s.line(Q2)
     s.expect(greedy_answer([user(Q1), cut, user(Q2)], 120, ignore_eos=True) + "\n> ")
-    s.line("/exit")
+    s.interrupt()  # at the prompt: a hint, then a second Ctrl-C leaves
+    s.expect("Ctrl-C again")
+    s.interrupt()
     assert s.wait() == 0
 
 
