@@ -23,6 +23,7 @@ Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0) have their decode matmuls and dequan
 from __future__ import annotations
 
 import ctypes
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import numpy as np
 from tessera.backends.native.attention_kv import KVAttention
 from tessera.backends.native.dense_gemv import DENSE_TYPES, DenseGemv
 from tessera.backends.native.portable_gemv import PORTABLE_TYPES, PortableGemv
+from tessera.backends.native.q4_0_x4 import BLOCK_TYPE, KIND, Q4_0x4Gemv
 from tessera.backends.native.typed_gemv import GGML_TYPES, TypedGemv
 from tessera.switches import Choice
 
@@ -40,13 +42,14 @@ from tessera.switches import Choice
 AMX_MIN_ROWS = 16
 #: Block bytes per 32 weights of the types native_gemv.c reads.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
-#: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes.
-BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, **GGML_TYPES, **DENSE_TYPES}
+#: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes, and the
+#: 4-row Q4_0 layout's code.
+BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, KIND: BLOCK_TYPE, **GGML_TYPES, **DENSE_TYPES}
 #: Weights in one :meth:`NativeGemv.matmul_n` call (GEMV_MAX_WEIGHTS in the C file).
 MAX_WEIGHTS = 8
 
 
-class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
+class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv):
     """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
 
     def __init__(self, lib: Any, path: Path) -> None:
@@ -55,6 +58,11 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
         self.lib = lib
         self.path = path
         self._kernels = {"Q8_0": lib.tsr_gemv_q8_0, "Q4_0": lib.tsr_gemv_q4_0}
+        self._gemv_n = {
+            "Q4_0": partial(lib.tsr_gemv_n, TYPE_SIZES["Q4_0"]),
+            "Q8_0": partial(lib.tsr_gemv_n, TYPE_SIZES["Q8_0"]),
+            KIND: lib.tsr_gemv_q4_0_x4,
+        }
         self._dtypes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
         self._empty = torch.empty
         self._threads = torch.get_num_threads  # what backend.set_threads (-t) set
@@ -71,10 +79,13 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
         return f"NativeGemv({str(self.path)!r})"
 
     def matmul(self, kind: str, w: Any, x: Any) -> Any:
-        """``x @ W.T`` for ``kind`` ``"Q8_0"``, ``"Q4_0"`` or one of
+        """``x @ W.T`` for ``kind`` ``"Q8_0"``, ``"Q4_0"``, ``"Q4_0_x4"`` (the 4-row layout of
+        :mod:`~tessera.backends.native.q4_0_x4`) or one of
         :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, ``w`` a contiguous uint8 CPU
         tensor of block bytes ``(n_out, row bytes)``, ``x`` a ``(T, n_in)`` CPU tensor in
         float32, bfloat16 or float16; the result has ``x``'s dtype."""
+        if kind == KIND:
+            return self._block_gemv(kind, (w,), x, (None,))
         if kind in DENSE_TYPES:
             return self.gemv_dense(kind, (w,), x)
         if self.portable and kind in PORTABLE_TYPES:
@@ -107,8 +118,12 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
             return self.gemv_dense(kind, ws, x, biases)
         if self.portable and kind in PORTABLE_TYPES:
             return self.gemv_portable(kind, ws, x, biases)
-        if kind not in TYPE_SIZES:
+        if kind not in self._gemv_n:
             return self.gemv_typed(kind, ws, x, biases)
+        return self._block_gemv(kind, ws, x, biases)
+
+    def _block_gemv(self, kind: str, ws: tuple[Any, ...], x: Any, biases: tuple[Any, ...]) -> Any:
+        """:meth:`matmul_n` on ``native_gemv.c``'s kernels (Q4_0, Q8_0, Q4_0 4-row)."""
         if not x.is_contiguous():
             x = x.contiguous()
         key = tuple(map(id, ws + biases))
@@ -124,10 +139,12 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv):
             args = self._weight_sets[key] = (ws, biases, ptrs, n_outs, bias_ptrs, width)
         _, _, ptrs, n_outs, bias_ptrs, width = args
         y = self._empty((x.shape[0], width), dtype=x.dtype)
-        self.lib.tsr_gemv_n(
-            TYPE_SIZES[kind], len(ws), ptrs, n_outs, bias_ptrs, x.shape[1], x.data_ptr(),
-            x.shape[0], y.data_ptr(), self._dtypes[x.dtype], self._threads(),
+        done = self._gemv_n[kind](
+            len(ws), ptrs, n_outs, bias_ptrs, x.shape[1], x.data_ptr(), x.shape[0],
+            y.data_ptr(), self._dtypes[x.dtype], self._threads(),
         )  # fmt: skip
+        if not done:
+            raise ValueError(f"the native {kind} matmul does not take these {len(ws)} weights")
         return y
 
     def tiles_serve(self, n_rows: int, n_out: int, dtype: Any, multiple: int = 32) -> bool:

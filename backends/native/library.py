@@ -27,6 +27,7 @@ from tessera.backends.native.attention_kv import declare_attention_kv
 from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
 from tessera.backends.native.portable_gemv import declare_portable
+from tessera.backends.native.q4_0_x4 import declare_q4_0_x4
 from tessera.switches import OFF, Switch, choose
 
 _HERE = Path(__file__).parent
@@ -38,6 +39,7 @@ SOURCES = tuple(
     for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
     + ("native_qdot_k.c", "native_qdot_low.c", "native_qdequant.c", "native_dense_gemv.c")
     + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c", "native_qdot_iq.c")
+    + ("native_q4_0_x4.c",)
 )
 HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_iq.h")
 NATIVE_AMX_DISABLE = Switch(
@@ -53,7 +55,7 @@ CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 #: dot products their VNNI instruction (else AVX2's vpmaddubsw path).
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 VNNI_FLAG_SETS = (("avx512_vnni", "avx512vl"), ("avx_vnni",))
-ABI = 6
+ABI = 7
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -211,6 +213,7 @@ def load(path: Path) -> NativeGemv:
     declare_dense(lib)
     declare_attention_kv(lib)
     declare_portable(lib)
+    declare_q4_0_x4(lib)
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]

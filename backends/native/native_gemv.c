@@ -35,8 +35,17 @@
 #define Q8_0_OFFSET (TSR_HAVE_VNNI ? 128 : 0)
 
 static int offset_of(int type_size) { return type_size == 18 ? 8 : Q8_0_OFFSET; }
+/* How gemv_n finds the blocks: the file's Q4_0 (18-byte blocks) or Q8_0 (34-byte blocks)
+ * rows, or Q4_0 in the 4-row layout of native_q4_0_x4.c. */
+enum { FILE_18, FILE_34, X4 };
+/* The decoder block's code for Q4_0 in the 4-row layout (no GGML type has it). */
+#define TSR_TYPE_Q4_0_X4 1002
+#ifndef PREFETCH_X4
+/* Bytes ahead in the 4-row layout's one stream of codes (its scales: an eighth of it). */
+#define PREFETCH_X4 4096
+#endif
 
-int tsr_native_abi(void) { return 6; }
+int tsr_native_abi(void) { return 7; }
 
 int tsr_native_vnni(void) { return TSR_HAVE_VNNI; }
 
@@ -81,24 +90,46 @@ static void free_act(act_q8 *a) {
     free(a->s4);
 }
 
-/* The weight codes of one block as 32 unsigned bytes in activation order. */
-static inline __m256i q4_0_codes(const uint8_t *blk) {
+/* Where a group of weight rows keeps its blocks: row r's block b has its codes at q + r *
+ * q_row + b * q_blk and its float16 scale at d + r * d_row + b * d_blk. The file's layout
+ * is {w + 2, row bytes, type size, w, row bytes, type size}; the 4-row layout of
+ * native_q4_0_x4.c is {codes + 64 g nb, 16, 64, scales + 8 g nb, 2, 8} for group g. */
+typedef struct {
+    const uint8_t *q;
+    int64_t q_row, q_blk;
+    const uint8_t *d;
+    int64_t d_row, d_blk;
+} rows_view;
+
+static inline rows_view file_rows(const uint8_t *w, int64_t row_bytes, int type_size) {
+    return (rows_view){w + 2, row_bytes, type_size, w, row_bytes, type_size};
+}
+
+static inline rows_view x4_rows(const uint8_t *w, int64_t n_out, int64_t nb, int64_t group) {
+    const uint8_t *scales = w + n_out * nb * 16;
+    return (rows_view){w + group * nb * 64, 16, 64, scales + group * nb * 8, 2, 8};
+}
+
+/* The weight codes of one Q4_0 block (its 16 code bytes at q) as 32 unsigned bytes in
+ * activation order. */
+static inline __m256i q4_0_codes(const uint8_t *q) {
     /* low nibbles are values 0..15 of the block, high nibbles values 16..31 */
-    const __m128i raw = _mm_loadu_si128((const __m128i *)(blk + 2));
+    const __m128i raw = _mm_loadu_si128((const __m128i *)q);
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-static inline __m256i q8_0_codes(const uint8_t *blk) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+static inline __m256i q8_0_codes(const uint8_t *q) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i *)q);
     return _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80));
 }
 
-/* y[r] = dot(weight row r, activation row) for r < R, R a compile-time constant after
- * inlining; type_size 18 (Q4_0) or 34 (Q8_0) picks the code unpacking. */
-static inline __attribute__((always_inline)) void dot_rows(
-    const uint8_t *w, int64_t row_bytes, int R, int64_t nb, int type_size, const int8_t *qa,
-    const float *da, const int32_t *s8, float *y) {
+/* y[r] = dot(weight row r of v, activation row) for r < R, R a compile-time constant after
+ * inlining; q4 picks Q4_0's code unpacking (else Q8_0's). */
+static inline __attribute__((always_inline)) void dot_rows(rows_view v, int R, int64_t nb,
+                                                           int q4, const int8_t *qa,
+                                                           const float *da, const int32_t *s8,
+                                                           float *y) {
     __m256 acc[ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -106,17 +137,18 @@ static inline __attribute__((always_inline)) void dot_rows(
         const __m256i s = _mm256_set1_epi32(s8[b]);
         const float d = da[b];
         for (int r = 0; r < R; r++) {
-            const uint8_t *blk = w + r * row_bytes + b * type_size;
-            prefetch1(blk + PREFETCH);
+            const uint8_t *q = v.q + r * v.q_row + b * v.q_blk;
+            if (r == 0 || v.q_row >= 64) prefetch1(q + PREFETCH); /* 4-row layout: one line */
 #if TSR_HAVE_VNNI
-            const __m256i u = type_size == 18 ? q4_0_codes(blk) : q8_0_codes(blk);
+            const __m256i u = q4 ? q4_0_codes(q) : q8_0_codes(q);
             const __m256 dot = _mm256_cvtepi32_ps(dot_u8s8(s, u, a));
 #else
-            const __m256i raw = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)q);
             const __m256 dot = _mm256_cvtepi32_ps(
-                type_size == 18 ? dot_u8s8(s, q4_0_codes(blk), a) : dot_s8s8(s, raw, a));
+                q4 ? dot_u8s8(s, q4_0_codes(q), a) : dot_s8s8(s, raw, a));
 #endif
-            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(f16_at(blk) * d), acc[r]);
+            const float scale = f16_at(v.d + r * v.d_row + b * v.d_blk);
+            acc[r] = _mm256_fmadd_ps(dot, _mm256_set1_ps(scale * d), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) y[r] = hsum(acc[r]);
@@ -144,24 +176,38 @@ static inline void prefetch4(const uint8_t *p, int64_t row_bytes) {
 
 /* Q4_0, four weight rows x MI activation rows: weight row r's 16 code bytes in 128-bit lane
  * r; low nibbles (values 0..15) meet the activation's first 16 bytes repeated in every
- * lane, high nibbles its last 16. y[i * 4 + r]. */
-static inline __attribute__((always_inline)) void q4_0_4rows(
-    const uint8_t *w, int64_t row_bytes, int64_t nb, const act_q8 *a, int64_t i0, int64_t n_in,
-    int MI, float *y) {
+ * lane, high nibbles its last 16. y[i * 4 + r]. x4 (a compile-time constant): v is a group
+ * of the 4-row layout, whose block of four rows is one 64-byte load and one 8-byte load of
+ * scales, read in address order; else the file's layout, four rows' blocks side by side. */
+static inline __attribute__((always_inline)) void q4_0_4rows(rows_view v, int x4, int64_t nb,
+                                                             const act_q8 *a, int64_t i0,
+                                                             int64_t n_in, int MI, float *y) {
     const __m512i nib = _mm512_set1_epi8(0x0F);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int64_t rb = v.q_row;
     __m512 acc[MI_MAX];
     for (int i = 0; i < MI; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = w + b * 18;
-        prefetch4(blk, row_bytes);
-        __m512i z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 2)));
-        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + row_bytes + 2)), 1);
-        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 2 * row_bytes + 2)), 2);
-        z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 3 * row_bytes + 2)), 3);
+        __m512i z;
+        __m128 scales;
+        if (x4) {
+            const uint8_t *q = v.q + b * 64, *d = v.d + b * 8;
+            prefetch1(q + PREFETCH_X4);
+            if ((b & 7) == 0) prefetch1(d + PREFETCH_X4 / 8);
+            z = _mm512_loadu_si512(q);
+            scales = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d));
+        } else {
+            const uint8_t *blk = v.d + b * 18;
+            prefetch4(blk, rb);
+            z = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(blk + 2)));
+            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + rb + 2)), 1);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 2 * rb + 2)), 2);
+            z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(blk + 3 * rb + 2)), 3);
+            scales = scales4(blk, rb);
+        }
         const __m512i lo = _mm512_and_si512(z, nib);
         const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-        const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales4(blk, row_bytes)));
+        const __m512 sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(scales));
         for (int i = 0; i < MI; i++) {
             const int8_t *qa = a->q + (i0 + i) * n_in + b * QK;
             const int64_t k = (i0 + i) * nb + b;
@@ -223,15 +269,18 @@ static inline __attribute__((always_inline)) void q8_0_4rows(
     }
 }
 
-/* Four weight rows x activation rows i0 .. i0 + mi - 1 (mi <= MI_MAX) into y[i * 4 + r]. */
-static void zmm_4rows(const uint8_t *w, int64_t row_bytes, int64_t nb, const act_q8 *a,
-                      int64_t i0, int64_t mi, int64_t n_in, int type_size, float *y) {
+/* Four weight rows x activation rows i0 .. i0 + mi - 1 (mi <= MI_MAX) into y[i * 4 + r];
+ * layout FILE_18, FILE_34 or X4. */
+static void zmm_4rows(rows_view v, int layout, int64_t nb, const act_q8 *a, int64_t i0,
+                      int64_t mi, int64_t n_in, float *y) {
 #define TSR_CASE(MI)                                                                     \
     case MI:                                                                             \
-        if (type_size == 18)                                                             \
-            q4_0_4rows(w, row_bytes, nb, a, i0, n_in, MI, y);                            \
+        if (layout == X4)                                                                \
+            q4_0_4rows(v, 1, nb, a, i0, n_in, MI, y);                                    \
+        else if (layout == FILE_18)                                                      \
+            q4_0_4rows(v, 0, nb, a, i0, n_in, MI, y);                                    \
         else                                                                             \
-            q8_0_4rows(w, row_bytes, nb, a, i0, n_in, MI, y);                            \
+            q8_0_4rows(v.d, v.d_row, nb, a, i0, n_in, MI, y);                            \
         break;
     switch (mi) {
         TSR_CASE(1)
@@ -249,7 +298,8 @@ static void zmm_4rows(const uint8_t *w, int64_t row_bytes, int64_t nb, const act
  * values of dtype, added before the one rounding of each output. */
 static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
                    const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
-                   int dtype, int n_threads, int type_size, int offset) {
+                   int dtype, int n_threads, int layout) {
+    const int type_size = layout == FILE_34 ? 34 : 18, q4 = type_size == 18;
     const int64_t nb = n_in / QK, row_bytes = nb * type_size;
     int64_t first_group[GEMV_MAX_WEIGHTS + 1], col[GEMV_MAX_WEIGHTS + 1];
     first_group[0] = col[0] = 0;
@@ -259,7 +309,7 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
     }
     const int64_t groups = first_group[n_w], width = col[n_w];
     act_q8 a;
-    if (!quantize_act(x, dtype, m, n_in, offset, &a)) {
+    if (!quantize_act(x, dtype, m, n_in, offset_of(type_size), &a)) {
         free_act(&a);
         for (int64_t i = 0; i < m * width; i++) store1(y, i, __builtin_nanf(""), dtype);
         return;
@@ -272,14 +322,15 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
         while (g >= first_group[k + 1]) k++;
         const int64_t r0 = (g - first_group[k]) * ROWS, n_out = n_outs[k];
         const int64_t n = n_out - r0 < ROWS ? n_out - r0 : ROWS;
-        const uint8_t *wg = ws[k] + r0 * row_bytes;
+        const rows_view v = layout == X4 ? x4_rows(ws[k], n_out, nb, r0 / ROWS)
+                                         : file_rows(ws[k] + r0 * row_bytes, row_bytes, type_size);
         const void *bias = biases ? biases[k] : NULL;
         float yi[MI_MAX * ROWS];
         for (int64_t i0 = 0; i0 < m; i0 += MI_MAX) {
             const int64_t mi = m - i0 < MI_MAX ? m - i0 : MI_MAX;
 #if TSR_ZMM
             if (n == ROWS) {
-                zmm_4rows(wg, row_bytes, nb, &a, i0, mi, n_in, type_size, yi);
+                zmm_4rows(v, layout, nb, &a, i0, mi, n_in, yi);
             } else
 #endif
             {
@@ -287,18 +338,16 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
                     const int8_t *qa = a.q + (i0 + i) * n_in;
                     const float *da = a.d + (i0 + i) * nb;
                     const int32_t *s8 = a.s8 + (i0 + i) * nb;
-                    if (n == ROWS && type_size == 18)
-                        dot_rows(wg, row_bytes, ROWS, nb, 18, qa, da, s8, yi + i * ROWS);
+                    if (n == ROWS && q4)
+                        dot_rows(v, ROWS, nb, 1, qa, da, s8, yi + i * ROWS);
                     else if (n == ROWS)
-                        dot_rows(wg, row_bytes, ROWS, nb, 34, qa, da, s8, yi + i * ROWS);
+                        dot_rows(v, ROWS, nb, 0, qa, da, s8, yi + i * ROWS);
                     else
                         for (int64_t r = 0; r < n; r++) {
-                            const uint8_t *wr = wg + r * row_bytes;
-                            float *yr = yi + i * ROWS + r;
-                            if (type_size == 18)
-                                dot_rows(wr, row_bytes, 1, nb, 18, qa, da, s8, yr);
-                            else
-                                dot_rows(wr, row_bytes, 1, nb, 34, qa, da, s8, yr);
+                            rows_view vr = v; /* row r on its own */
+                            vr.q += r * v.q_row;
+                            vr.d += r * v.d_row;
+                            dot_rows(vr, 1, nb, q4, qa, da, s8, yi + i * ROWS + r);
                         }
                 }
             }
@@ -315,12 +364,12 @@ static void gemv_n(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
  * both of dtype 0 (float32), 1 (bfloat16) or 2 (float16). */
 void tsr_gemv_q4_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
-    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 18, 8);
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, FILE_18);
 }
 
 void tsr_gemv_q8_0(const uint8_t *w, int64_t n_out, int64_t n_in, const void *x, int64_t m,
                    void *y, int dtype, int n_threads) {
-    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, 34, Q8_0_OFFSET);
+    gemv_n(1, &w, &n_out, NULL, n_in, x, m, y, dtype, n_threads, FILE_34);
 }
 
 /* Several weights of one type (type_size 18: Q4_0, 34: Q8_0) on the same activations, their
@@ -330,8 +379,20 @@ int tsr_gemv_n(int type_size, int n_w, const uint8_t *const *ws, const int64_t *
                const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
                int dtype, int n_threads) {
     if (n_w < 1 || n_w > GEMV_MAX_WEIGHTS || (type_size != 18 && type_size != 34)) return 0;
-    gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads, type_size,
-           offset_of(type_size));
+    gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads,
+           type_size == 18 ? FILE_18 : FILE_34);
+    return 1;
+}
+
+/* tsr_gemv_n for Q4_0 weights in the 4-row layout (tsr_repack_q4_0_x4); every n_out a
+ * multiple of 4, else (or for more than GEMV_MAX_WEIGHTS weights) returns 0. */
+int tsr_gemv_q4_0_x4(int n_w, const uint8_t *const *ws, const int64_t *n_outs,
+                     const void *const *biases, int64_t n_in, const void *x, int64_t m, void *y,
+                     int dtype, int n_threads) {
+    if (n_w < 1 || n_w > GEMV_MAX_WEIGHTS) return 0;
+    for (int k = 0; k < n_w; k++)
+        if (n_outs[k] % ROWS) return 0;
+    gemv_n(n_w, ws, n_outs, biases, n_in, x, m, y, dtype, n_threads, X4);
     return 1;
 }
 
@@ -537,10 +598,12 @@ static int block_gemv(int ggml_type, int n_w, const uint8_t *const *ws, const in
                       const void *const *biases, int64_t n_in, const void *x, void *y, int dtype,
                       int n_threads) {
     if (ggml_type == 2 || ggml_type == 8) {
-        const int size = ggml_type == 2 ? 18 : 34;
-        gemv_n(n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads, size, offset_of(size));
+        gemv_n(n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads,
+               ggml_type == 2 ? FILE_18 : FILE_34);
         return 1;
     }
+    if (ggml_type == TSR_TYPE_Q4_0_X4)
+        return tsr_gemv_q4_0_x4(n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);
     if (ggml_type == 1 || ggml_type == 30)
         return tsr_gemv_dense(ggml_type, n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);
     return tsr_gemv_quant(ggml_type, n_w, ws, n_outs, biases, n_in, x, 1, y, dtype, n_threads);

@@ -147,10 +147,34 @@ def self_test(native: NativeGemv, threads: int = 1) -> bool:
                         want_d = torch.from_numpy(dense).to(dtype)
                         if not torch.equal(native.dequantize(name, raw, dtype), want_d):
                             return False
-        if not typed_ok(native, rng):
+        if not (typed_ok(native, rng) and q4_0_x4_ok(native, rng)):
             return False
     finally:
         torch.set_num_threads(saved)
+    return True
+
+
+def q4_0_x4_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
+    """Q4_0 in the 4-row layout: two weights (one with a bias) in one call, 1 and 5
+    activation rows, within the int8 bound of gguf's values; the file's rows back exactly."""
+    import torch
+
+    oracle = _GgufOracle("Q4_0")
+    raws = [oracle.quantize(rng.standard_normal((n, 96)).astype(np.float32)) for n in (12, 8)]
+    packed = tuple(native.repack_q4_0_x4(torch.from_numpy(r)) for r in raws)
+    ids = torch.tensor([11, 0, 5, 5])
+    if not torch.equal(native.unpack_q4_0_x4(packed[0], ids), torch.from_numpy(raws[0][ids])):
+        return False
+    dense = np.concatenate([oracle.dequantize(r) for r in raws]).astype(np.float64)
+    bias = torch.from_numpy(rng.standard_normal(8).astype(np.float32)).bfloat16()
+    for rows in (1, 5):
+        x = torch.from_numpy(rng.standard_normal((rows, 96)).astype(np.float32)).bfloat16()
+        got = native.matmul_n("Q4_0_x4", packed, x, (None, bias)).float().numpy()
+        xs = x.float().numpy()
+        want = xs.astype(np.float64) @ dense.T
+        want[:, 12:] += bias.float().numpy()
+        if not np.all(np.abs(got - want) <= error_bound(dense, xs) + 2.0**-8 * np.abs(want)):
+            return False
     return True
 
 

@@ -9,9 +9,11 @@ Q4_0 block) and multiplies with ``_weight_int4pack_mm``; torch is imported only 
 kernel is used. On a CPU whose native kernels pass their probe
 (:mod:`tessera.backends.native.probe`), bf16 matmuls of ``AMX_MIN_ROWS`` rows or more run
 on the AMX tile units where the CPU has them (each block dequantized into a tile), other
-matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read the file's bytes with VNNI dot products,
-and prefill's dequantization to the compute dtype runs there too (bit for bit the torch
-path's values).
+matmuls of fewer than ``NATIVE_MAX_ROWS`` rows read the weight's bytes with VNNI dot
+products, and prefill's dequantization to the compute dtype runs there too (bit for bit the
+torch path's values). There the bytes are rearranged at load into the 4-row layout of
+:mod:`tessera.backends.native.q4_0_x4` (in place of the file's; ``TESSERA_NATIVE_Q4_0_REPACK=0``
+keeps the file's), from which the other paths take the file's rows back per call.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from tessera.backends.native.q4_0_x4 import GROUP_ROWS, NATIVE_Q4_0_REPACK, layout_choice
+from tessera.backends.native.q4_0_x4 import KIND as X4_KIND
 from tessera.contract.quant import (
     QuantType,
     WeightKernel,
@@ -96,9 +100,10 @@ class TorchQ4_0Weight:
     Output rows are padded to a multiple of 16 for the kernel and cut off again.
 
     ``raw`` (the GGUF bytes, usually a view of the memory-mapped file, so no extra copy in
-    RAM) serves :meth:`get_rows` and, on the CPU, matmuls of at least ``dense_min_rows``
-    rows: there a dequantized bf16 matmul on the AMX units beats the int4 kernel, while
-    the int4 kernel wins for decode, where reading the weight is the cost.
+    RAM; or, ``kind`` ``"Q4_0_x4"``, the same bytes in the native 4-row layout) serves
+    :meth:`get_rows` and, on the CPU, matmuls of at least ``dense_min_rows`` rows: there a
+    dequantized bf16 matmul on the AMX units beats the int4 kernel, while the int4 kernel
+    wins for decode, where reading the weight is the cost.
     """
 
     def __init__(
@@ -110,8 +115,10 @@ class TorchQ4_0Weight:
         dtype: Any,
         dense_min_rows: float,
         native: Any = None,
+        kind: str = "Q4_0",
     ) -> None:
-        self.raw = raw  # uint8 (n_out, row bytes) on the CPU
+        self.raw = raw  # uint8 (n_out, row bytes) on the CPU, in the layout ``kind`` names
+        self.kind = kind
         # torch's int4 layout, made when first needed (:meth:`int4`): with the native
         # kernel for decode and dense prefill, most weights never need it
         self.packed: Any = None
@@ -127,12 +134,19 @@ class TorchQ4_0Weight:
         """``(packed, scales_and_zeros)`` for torch's int4 kernel, packed on first use."""
         if self.packed is None:
             n_out, n_in = self.shape
-            d, q = unpack_codes(self.raw.numpy())
+            d, q = unpack_codes(self.file_rows().numpy())
             scales = d.reshape(n_out, -1)
             zeros = np.zeros_like(scales)
             packed = pack_int4(q.reshape(n_out, n_in), scales, zeros, self.device, self.dtype)
             self.packed, self.scales_and_zeros = packed
         return self.packed, self.scales_and_zeros
+
+    def file_rows(self, ids: Any = None) -> Any:
+        """Rows ``ids`` (an int64 tensor; None: every row) as the file's block bytes: views
+        of ``raw``, or taken back from the 4-row layout (a copy)."""
+        if self.kind == X4_KIND:
+            return self.native.unpack_q4_0_x4(self.raw, ids)
+        return self.raw if ids is None else self.raw[ids]
 
     def _dequantize(self, rows: Any) -> Any:
         import torch
@@ -156,37 +170,39 @@ class TorchQ4_0Weight:
         import torch.nn.functional as F
 
         if self.native is not None:
-            y = self.native.matmul_tiles("Q4_0", self.raw, x)  # AMX: blocks into bf16 tiles
-            if y is not None:
-                return y
+            tiles = self.native_tiles(x.shape[0])
+            if tiles is not None:  # AMX: blocks into bf16 tiles
+                y = self.native.matmul_tiles(*tiles, x)
+                if y is not None:
+                    return y
             if x.shape[0] < NATIVE_MAX_ROWS:
-                return self.native.matmul("Q4_0", self.raw, x)
+                return self.native.matmul(self.kind, self.raw, x)
         if x.shape[0] >= self.dense_min_rows:
-            return F.linear(x, self._dequantize(self.raw).to(x.dtype))
+            return F.linear(x, self._dequantize(self.file_rows()).to(x.dtype))
         packed, scales_and_zeros = self.int4()
         y = self.mm(x, packed, BLOCK_SIZE, scales_and_zeros)
         return y if y.shape[-1] == self.shape[0] else y[:, : self.shape[0]]
 
     def native_gemv(self, n_rows: int) -> tuple[str, Any] | None:
-        """``("Q4_0", block bytes)`` when a matmul of ``n_rows`` rows runs the native kernel
-        (the backend may then batch it with other weights), else None."""
+        """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the native kernel
+        (the backend may then batch it with other weights of that kind), else None."""
         if self.native is None or n_rows >= NATIVE_MAX_ROWS:
             return None
         if self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
             return None  # the AMX kernel takes these rows, one weight at a time
-        return "Q4_0", self.raw
+        return self.kind, self.raw
 
     def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
-        """``("Q4_0", block bytes)`` when a matmul of ``n_rows`` rows runs on the AMX tiles
-        (the backend may then fuse it with another weight), else None."""
+        """``("Q4_0", the file's block bytes)`` when a matmul of ``n_rows`` rows runs on the AMX
+        tiles (the backend may then fuse it with another weight), else None."""
         if self.native is None or not self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
             return None
-        return "Q4_0", self.raw
+        return "Q4_0", self.file_rows()
 
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch
 
-        return self._dequantize(self.raw[torch.from_numpy(np.asarray(ids, dtype=np.int64))])
+        return self._dequantize(self.file_rows(torch.from_numpy(np.asarray(ids, dtype=np.int64))))
 
 
 def int4_ops(device_type: str) -> tuple[Any, Any] | None:
@@ -228,7 +244,12 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ4
     if min_rows is None:  # (the probe passes its own)
         min_rows = backend.record_path("Q4_0 dense rows", choose_dense_rows(device.type)).path
     native = native_probe(backend) if device.type == "cpu" else None
-    weight = TorchQ4_0Weight(file_bytes_tensor(rows), device, n_out, mm, dtype, min_rows, native)
+    kind, raw_bytes = "Q4_0", file_bytes_tensor(rows)
+    if native is not None and n_out % GROUP_ROWS == 0:
+        layout = backend.record_path("Q4_0 layout", layout_choice(native))
+        if layout.path == X4_KIND:  # the copy replaces the file's bytes: the same size
+            kind, raw_bytes = X4_KIND, native.repack_q4_0_x4(raw_bytes)
+    weight = TorchQ4_0Weight(raw_bytes, device, n_out, mm, dtype, min_rows, native, kind)
     if native is None:
         weight.int4()  # the int4 kernel serves decode: pack while loading
     return weight
@@ -290,3 +311,4 @@ def tessera_register_weight_kernels(register):
 @hookimpl
 def tessera_register_switches(register):
     register(DENSE_ROWS)
+    register(NATIVE_Q4_0_REPACK)
