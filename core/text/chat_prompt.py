@@ -7,9 +7,10 @@ with its BOS and EOS pieces, and the rendered text encoded with special tokens p
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tessera.text.chat_template import DEFAULT_CHATML, ChatTemplate
+if TYPE_CHECKING:  # jinja2 is imported when a template is made, not by a plain prompt's run
+    from tessera.text.chat_template import ChatTemplate
 
 
 def _piece(tokenizer: Any, token_id: int | None) -> str:
@@ -18,6 +19,8 @@ def _piece(tokenizer: Any, token_id: int | None) -> str:
 
 def model_chat_template(tokenizer: Any, override: str | None = None) -> ChatTemplate:
     """``override`` (a template's source), else the model's own template, else ChatML."""
+    from tessera.text.chat_template import DEFAULT_CHATML, ChatTemplate
+
     source = override or tokenizer.chat_template or DEFAULT_CHATML
     return ChatTemplate(
         source, _piece(tokenizer, tokenizer.bos_id), _piece(tokenizer, tokenizer.eos_id)

@@ -3,6 +3,9 @@ and one BOS, whether or not the template writes it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tessera.files.gguf import read_gguf
@@ -49,3 +52,10 @@ def test_one_bos_whether_or_not_the_template_writes_it(metadata):
     assert encode_chat_prompt(tok, plain) == expected  # the tokenizer adds it
     assert encode_chat_prompt(tok, with_bos) == expected  # the template wrote it: not twice
     assert tok.encode(with_bos, add_special=True, parse_special=True)[:2] == [tok.bos_id] * 2
+
+
+def test_a_plain_prompt_does_not_import_the_template_engine():
+    """``tessera run`` without --chat imports chat_prompt; jinja2 waits for a template."""
+    code = "import sys, tessera.text.chat_prompt; print('jinja2' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
