@@ -64,20 +64,21 @@ def check_layout(layout: Sequence[KVLayerLayout | None], type_k: str, type_v: st
 
 def _round_half_away(v: np.ndarray) -> np.ndarray:
     # floor(|v|) plus one when the fraction is >= 0.5, in exact float32 steps (trunc(|v| +
-    # 0.5) would round twice); ggml's roundf
+    # 0.5) would round twice); ggml's roundf, infinities and NaNs propagating as in ggml
     a = np.abs(v)
     whole = np.floor(a)
     return np.sign(v) * (whole + np.floor(2 * (a - whole)))
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """float32 rows ``(..., D)`` (D a multiple of 32) as q8_0 bytes ``(..., D / 32 * 34)``."""
+    """float32 rows ``(..., D)`` (D a multiple of 32) as q8_0 bytes ``(..., D / 32 * 34)``,
+    as ggml's reference quantizer (the Q8_0 quant type's codec too)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     blocks = x.reshape(-1, Q8_0_BLOCK)
     d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-    q = _round_half_away(blocks * inv).astype(np.int8)
+        q = _round_half_away(blocks * inv).astype(np.int8)
     out = np.concatenate([d.astype("<f2").view(np.uint8), q.view(np.uint8)], axis=1)
     return out.reshape(*x.shape[:-1], x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)
 

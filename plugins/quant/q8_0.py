@@ -26,6 +26,7 @@ from tessera.contract.quant import (
     file_bytes_tensor,
     kernel_matches_reference,
 )
+from tessera.engine.kv_types import dequantize_q8_0, quantize_q8_0
 from tessera.hookspecs import hookimpl
 from tessera.switches import NUMBER, Choice, Switch, choose, number
 
@@ -49,31 +50,8 @@ DENSE_ROWS = Switch(
 NATIVE_MAX_ROWS = 32
 
 
-def _round_half_away(v: np.ndarray) -> np.ndarray:
-    # floor(|v|) plus one when the fraction is >= 0.5, computed only with exact float32
-    # steps (trunc(|v| + 0.5) would round twice); infinities and NaNs propagate as ggml's.
-    a = np.abs(v)
-    whole = np.floor(a)
-    return np.sign(v) * (whole + np.floor(2 * (a - whole)))
-
-
-def quantize(x: np.ndarray) -> np.ndarray:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    blocks = x.reshape(-1, BLOCK_SIZE)
-    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        inv = np.where(d == 0, np.float32(0), np.float32(1) / d)
-        q = _round_half_away(blocks * inv).astype(np.int8)
-    out = np.concatenate([d.astype("<f2").view(np.uint8), q.view(np.uint8)], axis=1)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // BLOCK_SIZE * TYPE_SIZE)
-
-
-def dequantize(b: np.ndarray) -> np.ndarray:
-    b = np.ascontiguousarray(b, dtype=np.uint8)
-    blocks = b.reshape(-1, TYPE_SIZE)
-    d = blocks[:, :2].copy().view("<f2").astype(np.float32)
-    q = blocks[:, 2:].view(np.int8).astype(np.float32)
-    return (q * d).reshape(*b.shape[:-1], b.shape[-1] // TYPE_SIZE * BLOCK_SIZE)
+# the KV cache's q8_0 codec is ggml's reference one, bit-exact with GGUF
+quantize, dequantize = quantize_q8_0, dequantize_q8_0
 
 
 Q8_0 = QuantType(
