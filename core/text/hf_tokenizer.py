@@ -64,6 +64,15 @@ def _looks_special(text: str) -> bool:
     )
 
 
+def _empty_table(tj: Mapping[str, Any]) -> tuple[dict[str, int], list, list[str], list[int]]:
+    """The model's vocabulary, its added tokens, and a token table that covers both ids
+    with every row a padding token (``[PADi]``, unused) until filled in."""
+    vocab: dict[str, int] = dict(tj["model"].get("vocab", {}))
+    added = tj.get("added_tokens", [])
+    n = 1 + max([*vocab.values(), *(a["id"] for a in added)])
+    return vocab, added, [f"[PAD{i}]" for i in range(n)], [int(TokenType.UNUSED)] * n
+
+
 def hf_dir_metadata(path: Path) -> dict[str, Any]:
     """GGUF ``tokenizer.*`` metadata (llama.cpp's gpt2 keys) for a Hugging Face folder."""
     tj_path = path / "tokenizer.json"
@@ -87,11 +96,7 @@ def hf_dir_metadata(path: Path) -> dict[str, Any]:
             "apply; convert the model to GGUF with its vocabulary instead"
         )
     pre = _hf_pre_name(tj.get("pre_tokenizer"))
-    vocab: dict[str, int] = dict(model.get("vocab", {}))
-    added = tj.get("added_tokens", [])
-    n = 1 + max([*vocab.values(), *(a["id"] for a in added)])
-    tokens = [f"[PAD{i}]" for i in range(n)]
-    types = [int(TokenType.UNUSED)] * n
+    vocab, added, tokens, types = _empty_table(tj)
     for text, i in vocab.items():
         tokens[i], types[i] = text, int(TokenType.NORMAL)
     for a in added:
@@ -140,11 +145,7 @@ def wordpiece_metadata(path: Path, tj: Mapping[str, Any]) -> dict[str, Any]:
     with ``▁`` instead of continuations with ``##``, special tokens as control tokens, the
     [CLS] ... [SEP] frame as BOS/EOS, and BERT's lowercasing from the normalizer."""
     model = tj["model"]
-    vocab: dict[str, int] = dict(model.get("vocab", {}))
-    added = tj.get("added_tokens", [])
-    n = 1 + max([*vocab.values(), *(a["id"] for a in added)])
-    tokens = [f"[PAD{i}]" for i in range(n)]
-    types = [int(TokenType.UNUSED)] * n
+    vocab, added, tokens, types = _empty_table(tj)
     prefix = model.get("continuing_subword_prefix", "##")
     for text, i in vocab.items():
         if text.startswith("[") and text.endswith("]"):
