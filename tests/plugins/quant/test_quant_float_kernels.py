@@ -20,20 +20,22 @@ def backend(dtype):
     return b
 
 
-def raw_weight(kind):
+def raw_weight(kind, shape=(16, 64)):
     """Random values plus the edges a conversion can get wrong: signed zeros, infinities,
     a NaN, float16 subnormals and values halfway between two bf16 neighbours."""
     qt = RUNTIME.quant_type_by_name(kind)
-    values = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32) * 3
+    values = np.random.default_rng(0).standard_normal(shape).astype(np.float32) * 3
     values[0, :8] = [0.0, -0.0, np.inf, -np.inf, np.nan, 6e-8, -3e-5, 65504.0]
-    values[1] = 1.0 + np.arange(64, dtype=np.float32) * 2.0**-8  # bf16 ties (8 bits kept)
+    values[1, :64] = 1.0 + np.arange(64, dtype=np.float32) * 2.0**-8  # bf16 ties (8 bits kept)
     return RawTensor("blk.0.ffn_up.weight", qt.ggml_type, values.shape, qt.quantize_tensor(values))
 
 
 @pytest.mark.parametrize("kind", ["F16", "BF16"])
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-def test_kernel_weight_equals_the_numpy_conversion(kind, dtype):
-    raw = raw_weight(kind)
+# one conversion block, and two blocks and a ragged tail of floats.CONVERSION_BLOCK
+@pytest.mark.parametrize("shape", [(16, 64), (515, 1031)])
+def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape):
+    raw = raw_weight(kind, shape)
     qt = RUNTIME.quant_type_by_name(kind)
     b = backend(dtype)
     w = b.load_weight(raw, qt)
