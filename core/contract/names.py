@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import attrs
+import numpy as np
 
 from tessera.contract.arch import metadata_key
 from tessera.errors import ModelFileError
@@ -192,3 +193,37 @@ def default_head_dims(fields: Mapping[str, Any]) -> dict[str, Any]:
         "n_head_kv": fields["n_head_kv"] or fields["n_head"],
         "head_dim": fields["head_dim"] or fields["n_embd"] // fields["n_head"],
     }
+
+
+#: HF's per-expert projection -> GGUF's stacked tensor (``blk.L.<name>.weight``).
+HF_EXPERT_NAMES = {
+    "gate_proj": "ffn_gate_exps",
+    "up_proj": "ffn_up_exps",
+    "down_proj": "ffn_down_exps",
+}
+
+
+def stacked_experts_from_hf(
+    c: Any, layer: int, names: Mapping[str, str], hf: Mapping[str, Any], what: str
+) -> Iterator[tuple[str, np.ndarray]]:
+    """GGUF's stacked expert tensors of ``layer`` (config ``c``: ``n_expert``,
+    ``n_ff_exp``) from HF's per-expert ``mlp.experts.E.{proj}.weight`` or transformers 5's
+    fused ``mlp.experts.gate_up_proj`` ``(E, 2F, D)`` / ``down_proj`` ``(E, D, F)``;
+    ``names`` maps those names to the checkpoint's. A missing expert is refused naming the
+    ``what`` checkpoint."""
+    p = f"blk.{layer}."
+    if "mlp.experts.gate_up_proj" in names:  # gate rows, then up rows
+        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
+        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
+        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
+        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
+        return
+    for proj, gguf in HF_EXPERT_NAMES.items():
+        try:
+            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
+        except KeyError as exc:
+            raise ModelFileError(
+                f"layer {layer} of this {what} checkpoint lacks expert tensor {exc}; the "
+                "checkpoint is incomplete — download it again"
+            ) from None
+        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])

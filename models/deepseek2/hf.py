@@ -9,18 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from tessera.contract.names import fields_from_hf
+from tessera.contract.names import HF_EXPERT_NAMES, fields_from_hf, stacked_experts_from_hf
 from tessera.errors import ModelFileError
 from tessera.models.deepseek2.config import CONFIG_FIELDS, DeepSeek2Config
 
+
 #: HF's per-expert projections -> GGUF's stacked tensors.
-EXPERT_NAMES = {
-    "gate_proj": "ffn_gate_exps",
-    "up_proj": "ffn_up_exps",
-    "down_proj": "ffn_down_exps",
-}
-
-
 def config_from_hf(hf: Mapping[str, Any]) -> DeepSeek2Config:
     """The config of a ``deepseek_v2`` / ``deepseek_v3`` ``config.json``.
 
@@ -78,17 +72,10 @@ def experts_from_hf(
 ) -> Iterator[tuple[str, np.ndarray]]:
     """GGUF's stacked expert tensors of ``layer`` from HF's per-expert ones (``names``:
     ``mlp.experts.E.{proj}.weight`` -> the checkpoint's name)."""
-    p = f"blk.{layer}."
-    for proj, gguf in EXPERT_NAMES.items():
-        try:
-            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
-        except KeyError as exc:
-            raise ModelFileError(
-                f"layer {layer} of this DeepSeek checkpoint lacks expert tensor {exc}; the "
-                "checkpoint is incomplete"
-            ) from None
-        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])
-    known = {f"mlp.experts.{e}.{proj}.weight" for e in range(c.n_expert) for proj in EXPERT_NAMES}
+    yield from stacked_experts_from_hf(c, layer, names, hf, "DeepSeek")
+    known = {
+        f"mlp.experts.{e}.{proj}.weight" for e in range(c.n_expert) for proj in HF_EXPERT_NAMES
+    }
     unknown = sorted(set(names) - known)
     if unknown:
         raise ModelFileError(

@@ -15,14 +15,10 @@ from typing import Any
 import attrs
 import numpy as np
 
+from tessera.contract.names import stacked_experts_from_hf
 from tessera.errors import ModelFileError
 from tessera.models.llama.config import HF_NAMES as LLAMA_HF_NAMES
 
-HF_EXPERT_NAMES = {
-    "gate_proj": "ffn_gate_exps",
-    "up_proj": "ffn_up_exps",
-    "down_proj": "ffn_down_exps",
-}
 HF_SHARED_NAMES = {
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
@@ -85,22 +81,7 @@ def stacked_experts(
 ) -> Iterator[tuple[str, np.ndarray]]:
     """GGUF's stacked expert tensors of ``layer`` (config ``c``: n_expert, n_ff_exp, arch)
     from HF's per-expert or fused (transformers 5) tensors named in ``names``."""
-    p = f"blk.{layer}."
-    if "mlp.experts.gate_up_proj" in names:  # (E, 2F, n_embd): gate rows, then up rows
-        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
-        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
-        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
-        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
-        return
-    for proj, gguf in HF_EXPERT_NAMES.items():
-        try:
-            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
-        except KeyError as exc:
-            raise ModelFileError(
-                f"layer {layer} of this {c.arch} checkpoint lacks expert tensor {exc}; "
-                "the checkpoint is incomplete"
-            ) from None
-        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])
+    yield from stacked_experts_from_hf(c, layer, names, hf, c.arch)
     unknown = [n for n in names.values() if ".experts." not in n]
     if unknown:
         raise ModelFileError(

@@ -11,15 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from tessera.contract.names import TensorNames, tensors_from_hf
-from tessera.errors import ModelFileError
+from tessera.contract.names import TensorNames, stacked_experts_from_hf, tensors_from_hf
 from tessera.models.qwen3_next.config import Qwen3NextConfig
-
-_EXPERT_PROJ = {
-    "gate_proj": "ffn_gate_exps",
-    "up_proj": "ffn_up_exps",
-    "down_proj": "ffn_down_exps",
-}
 
 
 def _plus_one(value: Any, config: Any) -> np.ndarray:
@@ -94,7 +87,7 @@ def qwen3_next_tensors(
     for layer, name in sorted(qkvz.items()):
         yield from split_qkvz(c, layer, np.asarray(hf[name]))
     for layer, names in sorted(experts.items()):
-        yield from stacked_experts(c, layer, names, hf)
+        yield from stacked_experts_from_hf(c, layer, names, hf, "Qwen3-Next")
 
 
 def split_qkvz(c: Qwen3NextConfig, layer: int, w: np.ndarray) -> Iterator[tuple[str, Any]]:
@@ -107,26 +100,3 @@ def split_qkvz(c: Qwen3NextConfig, layer: int, w: np.ndarray) -> Iterator[tuple[
     flat = [part.reshape(-1, w.shape[-1]) for part in (q, k, v, z)]
     yield f"blk.{layer}.attn_qkv.weight", np.concatenate(flat[:3])
     yield f"blk.{layer}.attn_gate.weight", flat[3]
-
-
-def stacked_experts(
-    c: Qwen3NextConfig, layer: int, names: Mapping[str, str], hf: Mapping[str, Any]
-) -> Iterator[tuple[str, np.ndarray]]:
-    """GGUF's stacked experts of ``layer`` from HF's per-expert tensors or transformers'
-    fused ``gate_up_proj`` ``(E, 2F, D)`` / ``down_proj`` ``(E, D, F)``."""
-    p = f"blk.{layer}."
-    if "mlp.experts.gate_up_proj" in names:
-        gate_up = np.asarray(hf[names["mlp.experts.gate_up_proj"]])
-        yield p + "ffn_gate_exps.weight", gate_up[:, : c.n_ff_exp]
-        yield p + "ffn_up_exps.weight", gate_up[:, c.n_ff_exp :]
-        yield p + "ffn_down_exps.weight", np.asarray(hf[names["mlp.experts.down_proj"]])
-        return
-    for proj, gguf in _EXPERT_PROJ.items():
-        try:
-            parts = [hf[names[f"mlp.experts.{e}.{proj}.weight"]] for e in range(c.n_expert)]
-        except KeyError as exc:
-            raise ModelFileError(
-                f"layer {layer} of this Qwen3-Next checkpoint lacks expert tensor {exc}; the "
-                "checkpoint is incomplete — download it again"
-            ) from None
-        yield p + gguf + ".weight", np.stack([np.asarray(t) for t in parts])

@@ -1,5 +1,7 @@
 """The generic executors of tensor name maps and config field maps."""
 
+from types import SimpleNamespace
+
 import attrs
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from tessera.contract.names import (
     fields_from_gguf,
     fields_from_hf,
     fields_to_gguf,
+    stacked_experts_from_hf,
     tensors_from_hf,
 )
 from tessera.errors import ModelFileError
@@ -170,3 +173,28 @@ def test_unstated_head_dims_default_to_no_gqa_and_n_embd_over_n_head():
     assert default_head_dims(stated) == stated
     unstated = default_head_dims({"n_embd": 64, "n_head": 4, "n_head_kv": None, "head_dim": None})
     assert (unstated["n_head_kv"], unstated["head_dim"]) == (4, 16)
+
+
+def test_per_expert_and_fused_hf_experts_stack_alike_and_a_missing_one_is_refused():
+    rng = np.random.default_rng(0)
+    c = SimpleNamespace(n_expert=3, n_ff_exp=4)
+    gate, up, down = (rng.standard_normal(s) for s in ((3, 4, 5), (3, 4, 5), (3, 5, 4)))
+    per = {
+        f"mlp.experts.{e}.{proj}.weight": w[e]
+        for proj, w in (("gate_proj", gate), ("up_proj", up), ("down_proj", down))
+        for e in range(3)
+    }
+    fused = {
+        "mlp.experts.gate_up_proj": np.concatenate([gate, up], 1),
+        "mlp.experts.down_proj": down,
+    }
+    want = {"blk.2.ffn_gate_exps.weight": gate, "blk.2.ffn_up_exps.weight": up,
+            "blk.2.ffn_down_exps.weight": down}  # fmt: skip
+    for hf in (per, fused):
+        got = dict(stacked_experts_from_hf(c, 2, {n: n for n in hf}, hf, "toy"))
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value)
+    del per["mlp.experts.1.up_proj.weight"]
+    with pytest.raises(ModelFileError, match="layer 2 of this toy checkpoint lacks expert tensor"):
+        dict(stacked_experts_from_hf(c, 2, {n: n for n in per}, per, "toy"))
