@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from chat_stream_checks import check_streamed, joined, stream, weather_call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -82,20 +83,6 @@ def _session(name: str, tools=TOOLS, **kwargs) -> ChatSession:
     )
 
 
-def _stream(session: ChatSession, pieces: list[str]):
-    deltas = [d for piece in pieces for d in session.feed(piece)]
-    result = session.finish()
-    return deltas + result.deltas, result
-
-
-def _joined(deltas, key: str) -> str:
-    return "".join(d[key] for d in deltas if key in d)
-
-
-def _call(city: str, i: int) -> ToolCallPart:
-    return ToolCallPart(id=f"call{i}", name="get_weather", arguments=json.dumps({"city": city}))
-
-
 HERMES_CALLS = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
@@ -112,8 +99,8 @@ CASES = {
         [
             ReasoningPart("Two cities, two calls."),
             TextPart("Let me check."),
-            _call("Paris", 0),
-            _call("Rome", 1),
+            weather_call("Paris", 0),
+            weather_call("Rome", 1),
         ],
     ),
     "qwen3-thinking-disabled": (
@@ -144,7 +131,7 @@ CASES = {
         "Qwen-Qwen3-0.6B",
         {},
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n',
-        [_call("Paris", 0)],
+        [weather_call("Paris", 0)],
     ),
     "qwen3-unclosed-reasoning": (
         "Qwen-Qwen3-0.6B",
@@ -162,13 +149,13 @@ CASES = {
         "Qwen-Qwen2.5-7B-Instruct",
         {},
         HERMES_CALLS.replace("</tool_call>\n<tool", "</tool_call>\nand then\n<tool") + "\nok",
-        [_call("Paris", 0), TextPart("and then"), _call("Rome", 1), TextPart("ok")],
+        [weather_call("Paris", 0), TextPart("and then"), weather_call("Rome", 1), TextPart("ok")],
     ),
     "hermes3-call": (
         "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
         {},
         '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>',
-        [_call("Paris", 0)],
+        [weather_call("Paris", 0)],
     ),
     "qwen3-tool-choice-none-leaves-text": (
         "Qwen-Qwen3-0.6B",
@@ -192,26 +179,26 @@ CASES = {
         "meta-llama-Llama-3.1-8B-Instruct",
         {},
         '\n{"name": "get_weather", "parameters": {"city": "Paris"}}',
-        [_call("Paris", 0)],
+        [weather_call("Paris", 0)],
     ),
     "llama3-python-tag-call": (
         "meta-llama-Llama-3.1-8B-Instruct",
         {},
         '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}',
-        [_call("Rome", 0)],
+        [weather_call("Rome", 0)],
     ),
     "llama3-braces-and-quotes-inside-strings": (
         "meta-llama-Llama-3.1-8B-Instruct",
         {},
         json.dumps({"name": "get_weather", "parameters": {"city": 'Pa"}ris\\'}}) + " Sent.",
-        [_call('Pa"}ris\\', 0), TextPart("Sent.")],
+        [weather_call('Pa"}ris\\', 0), TextPart("Sent.")],
     ),
     "llama3-text-then-tagged-then-bare-call": (
         "meta-llama-Llama-3.1-8B-Instruct",
         {},
         'Checking.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}\n'
         '{"name": "get_weather", "parameters": {"city": "Rome"}}',
-        [TextPart("Checking."), _call("Paris", 0), _call("Rome", 1)],
+        [TextPart("Checking."), weather_call("Paris", 0), weather_call("Rome", 1)],
     ),
     "llama3-json-answer-is-not-a-call": (
         "meta-llama-Llama-3.1-8B-Instruct",
@@ -253,7 +240,7 @@ CASES = {
         {},
         '<|python_tag|>brave_search.call(query="x")<|python_tag|>{"name": "get_weather", '
         '"parameters": {"city": "Rome"}}',
-        [TextPart('<|python_tag|>brave_search.call(query="x")'), _call("Rome", 0)],
+        [TextPart('<|python_tag|>brave_search.call(query="x")'), weather_call("Rome", 0)],
     ),
     "llama3-long-json-answer-streams": (
         "meta-llama-Llama-3.1-8B-Instruct",
@@ -274,14 +261,14 @@ CASES = {
         'get_weather\n```json\n{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>'
         'function<｜tool▁sep｜>get_weather\n```json\n{"city": "Rome"}\n```<｜tool▁call▁end｜>'
         "<｜tool▁calls▁end｜>",
-        [ReasoningPart("Two cities."), _call("Paris", 0), _call("Rome", 1)],
+        [ReasoningPart("Two cities."), weather_call("Paris", 0), weather_call("Rome", 1)],
     ),
     "deepseek-v3.1-calls": (
         "deepseek-ai-DeepSeek-V3.1",
         {},
         "On it.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
         '{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
-        [TextPart("On it."), _call("Paris", 0)],
+        [TextPart("On it."), weather_call("Paris", 0)],
     ),
     "deepseek-call-without-its-end-is-text": (
         "deepseek-ai-DeepSeek-V3.1",
@@ -294,13 +281,13 @@ CASES = {
         {},
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
         '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}',
-        [_call("Paris", 0), _call("Rome", 1)],
+        [weather_call("Paris", 0), weather_call("Rome", 1)],
     ),
     "ministral-reasoning": (
         "mistralai-Ministral-3-14B-Reasoning-2512",
         {},
         '[THINK]Need weather.[/THINK][TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}',
-        [ReasoningPart("Need weather."), _call("Rome", 0)],
+        [ReasoningPart("Need weather."), weather_call("Rome", 0)],
     ),
 }
 
@@ -308,25 +295,14 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_whole_text_gives_the_expected_parts(case):
     name, options, text, parts = CASES[case]
-    _, result = _stream(_session(name, **options), [text])
+    _, result = stream(_session(name, **options), [text])
     assert result.parts == parts
 
 
 def _check_split(case: str, pieces: list[str]) -> None:
     name, options, text, parts = CASES[case]
-    deltas, result = _stream(_session(name, **options), pieces)
-    assert result.parts == parts
-    assert _joined(deltas, "content") == (result.content or "")
-    assert _joined(deltas, "reasoning_content") == (result.reasoning_content or "")
-    streamed_calls = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [c.pop("index") for c in streamed_calls] == list(range(len(streamed_calls)))
-    assert streamed_calls == (result.tool_calls or [])
-    # a marker reaches the client only where the answer's own text has it (a call that did
-    # not parse, a tag inside reasoning), never as a parsed part's leftover
-    own = {m for m in MARKERS for p in parts if not isinstance(p, ToolCallPart) and m in p.text}
-    for delta in deltas:
-        for key in ("content", "reasoning_content"):
-            assert {m for m in MARKERS if m in delta.get(key, "")} <= own
+    deltas, result = stream(_session(name, **options), pieces)
+    check_streamed(deltas, result, parts, MARKERS)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -522,7 +498,7 @@ def test_a_long_json_answer_streams_before_its_closing_brace():
     text = CASES["llama3-long-json-answer-streams"][2]
     session = _session("meta-llama-Llama-3.1-8B-Instruct")
     early = [d for ch in text[:-10] for d in session.feed(ch)]
-    assert _joined(early, "content") == text[:-10]
+    assert joined(early, "content") == text[:-10]
 
 
 class _FunctoolsSyntax(ToolCallSyntax):
@@ -555,8 +531,8 @@ def test_an_added_syntax_is_detected_and_parsed():
     text = 'Sure. functools[{"name": "get_weather", "arguments": {"city": "Paris"}}] functoolsX'
     deltas = [d for ch in text for d in session.feed(ch)]
     result = session.finish()
-    assert result.parts == [TextPart("Sure."), _call("Paris", 0), TextPart("functoolsX")]
-    assert _joined(deltas + result.deltas, "content") == "Sure.functoolsX"
+    assert result.parts == [TextPart("Sure."), weather_call("Paris", 0), TextPart("functoolsX")]
+    assert joined(deltas + result.deltas, "content") == "Sure.functoolsX"
 
 
 def test_template_that_joins_argument_strings_gets_them_as_sent():

@@ -14,12 +14,13 @@ import json
 from pathlib import Path
 
 import pytest
+from chat_stream_checks import check_streamed, stream, weather_call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera.plugins.chat.format import detect_chat_format
 from tessera.plugins.chat.harmony import harmony_messages
-from tessera.plugins.chat.session import ChatSession, ReasoningPart, TextPart, ToolCallPart
+from tessera.plugins.chat.session import ChatSession, ReasoningPart, TextPart
 from tessera.text.chat_template import ChatTemplate
 
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -46,10 +47,6 @@ CALL = (
 )
 
 
-def _call(city: str, i: int = 0) -> ToolCallPart:
-    return ToolCallPart(id=f"call{i}", name="get_weather", arguments=json.dumps({"city": city}))
-
-
 # (session options, generated text, the parts it must give)
 CASES = {
     "analysis-then-final": (
@@ -66,18 +63,18 @@ CASES = {
     "analysis-then-call": (
         {},
         "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant" + CALL,
-        [ReasoningPart("Need the weather."), _call("Paris")],
+        [ReasoningPart("Need the weather."), weather_call("Paris")],
     ),
     # the recipient in the role header, right after the prompt's <|start|>assistant
     "recipient-in-role-header": (
         {},
         ' to=functions.get_weather<|channel|>commentary json<|message|>{"city":"Rome"}<|call|>',
-        [_call("Rome")],
+        [weather_call("Rome")],
     ),
     "preamble-then-call": (
         {},
         "<|channel|>commentary<|message|>Let me check.<|end|><|start|>assistant" + CALL,
-        [TextPart("Let me check."), _call("Paris")],
+        [TextPart("Let me check."), weather_call("Paris")],
     ),
     "stray-commentary-before-analysis": (
         {},
@@ -156,36 +153,16 @@ def _session(tools=TOOLS, messages=USER, source=SOURCE, **kwargs) -> ChatSession
     )
 
 
-def _stream(session: ChatSession, pieces: list[str]):
-    deltas = [d for piece in pieces for d in session.feed(piece)]
-    result = session.finish()
-    return deltas + result.deltas, result
-
-
-def _joined(deltas, key: str) -> str:
-    return "".join(d[key] for d in deltas if key in d)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_whole_text_gives_the_expected_parts(case):
     options, text, parts = CASES[case]
-    assert _stream(_session(**options), [text])[1].parts == parts
+    assert stream(_session(**options), [text])[1].parts == parts
 
 
 def _check_split(case: str, pieces: list[str]) -> None:
     options, text, parts = CASES[case]
-    deltas, result = _stream(_session(source=QUICK_SOURCE, **options), pieces)
-    assert result.parts == parts
-    assert _joined(deltas, "content") == (result.content or "")
-    assert _joined(deltas, "reasoning_content") == (result.reasoning_content or "")
-    streamed_calls = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [c.pop("index") for c in streamed_calls] == list(range(len(streamed_calls)))
-    assert streamed_calls == (result.tool_calls or [])
-    # a marker reaches the client only where a part kept the answer's text as written
-    own = {m for m in MARKERS for p in parts if not isinstance(p, ToolCallPart) and m in p.text}
-    for delta in deltas:
-        for key in ("content", "reasoning_content"):
-            assert {m for m in MARKERS if m in delta.get(key, "")} <= own
+    deltas, result = stream(_session(source=QUICK_SOURCE, **options), pieces)
+    check_streamed(deltas, result, parts, MARKERS)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -223,7 +200,7 @@ def test_a_call_is_sent_whole_and_the_message_is_openais():
     assert result.message() == {
         "role": "assistant",
         "content": None,
-        "tool_calls": [_call("Paris").to_openai()],
+        "tool_calls": [weather_call("Paris").to_openai()],
     }
 
 
