@@ -13,31 +13,23 @@ prefilled in ubatches of 5.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import attrs
-import numpy as np
 import pytest
-import torch
-import transformers  # the oracle (in the test extra)
+from gemma_parity import (
+    N_PROMPT,
+    RUNTIME,
+    check_chat_template,
+    check_ggufs_read_as_the_folder,
+    files,
+    gguf_template,
+    hf_tokenizer,
+    parity_tests,
+)
 
-from tessera.engine.batch import Batch
-from tessera.engine.context import Context, ContextParams
-from tessera.engine.generate import generate
-from tessera.engine.sampling import Sampler, SamplerParams
-from tessera.files.gguf import read_gguf
-from tessera.files.load import load_model
-from tessera.plugin_manager import Runtime
-from tessera.plugins.cmd.convert import convert_hf_to_gguf
 from tessera.testing.pytest_plugin import architecture_conformance
-from tessera.text.chat_template import ChatTemplate, ChatTemplateRejected
+from tessera.text.chat_template import ChatTemplateRejected
 
-RUNTIME = Runtime()
-BACKENDS = ["numpy"] + (["torch"] if "torch" in RUNTIME.backends() else [])
-DATA = Path(__file__).resolve().parents[1] / "data" / "arch" / "gemma3"
-HF_DIR, LLAMA_CPP_GGUF = DATA / "hf", DATA / "gemma3-f32.gguf"
-SOURCES = ("hf", "llama.cpp-gguf", "tessera-gguf")
-N_PROMPT, N_PREDICT, TOL = 16, 10, 2e-5
+HF_DIR = files("gemma3")[0]
 
 test_conformance_numpy = architecture_conformance("gemma3", runtime=RUNTIME)
 test_conformance_torch = architecture_conformance(
@@ -45,31 +37,11 @@ test_conformance_torch = architecture_conformance(
 )
 
 
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    converted = convert_hf_to_gguf(
-        HF_DIR, tmp_path_factory.mktemp("gemma3") / "t.gguf", RUNTIME, "f32"
-    )
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        HF_DIR, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
-    model.generation_config.eos_token_id = None  # generate all N_PREDICT tokens
-    prompt = np.random.default_rng(5).integers(0, model.config.vocab_size, N_PROMPT)
-    ids = torch.tensor(prompt)[None]
-    with torch.no_grad():
-        logits = model(ids).logits[0].numpy()
-        out = model.generate(ids, max_new_tokens=N_PREDICT, do_sample=False, pad_token_id=0)
-    files = {"hf": HF_DIR, "llama.cpp-gguf": LLAMA_CPP_GGUF, "tessera-gguf": converted}
-    return {
-        "files": files,
-        "prompt": prompt,
-        "logits": logits,
-        "greedy": out[0, N_PROMPT:].tolist(),
-    }
-
-
-def load(path, backend_name):
-    return load_model(path, RUNTIME, RUNTIME.create_backend(backend_name, dtype="f32"))
+(
+    oracle,
+    test_logits_of_every_prompt_row_match_transformers,
+    test_greedy_continuation_matches_transformers_generate,
+) = parity_tests("gemma3")
 
 
 def test_the_fixture_exercises_the_window_and_both_ropes():
@@ -82,41 +54,8 @@ def test_the_fixture_exercises_the_window_and_both_ropes():
     assert rope["sliding_attention"]["rope_theta"] != rope["full_attention"]["rope_theta"]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_logits_of_every_prompt_row_match_transformers(oracle, source, backend):
-    model = load(oracle["files"][source], backend)
-    assert model.config.arch == "gemma3"
-    ctx = Context(model, ContextParams(n_ctx=64))
-    logits = ctx.decode(Batch.for_sequence(oracle["prompt"], logits="all"))
-    assert logits.shape == oracle["logits"].shape
-    assert np.abs(logits - oracle["logits"]).max() < TOL
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("source", SOURCES)
-def test_greedy_continuation_matches_transformers_generate(oracle, source, backend):
-    # ubatches of 5: the window is read across ubatches from the KV cache
-    ctx = Context(load(oracle["files"][source], backend), ContextParams(n_ctx=64, n_ubatch=5))
-    sampler = Sampler(SamplerParams(temperature=0))
-    tokens = list(generate(ctx, oracle["prompt"].tolist(), N_PREDICT, sampler))
-    assert tokens == oracle["greedy"]
-
-
 def test_llama_cpp_gguf_reads_as_the_folder_and_tessera_writes_it_alike(oracle):
-    arch = RUNTIME.architecture("gemma3")
-    hf_config = arch.config_from_hf(json.loads((HF_DIR / "config.json").read_text()))
-    theirs, ours = read_gguf(LLAMA_CPP_GGUF), read_gguf(oracle["files"]["tessera-gguf"])
-    for gguf in (theirs, ours):
-        shapes = {n: t.shape for n, t in gguf.tensors.items()}
-        config = arch.config_from_gguf(gguf.metadata, shapes)
-        assert config.rms_eps == pytest.approx(hf_config.rms_eps)  # GGUF stores it as f32
-        assert attrs.evolve(config, rms_eps=hf_config.rms_eps) == hf_config
-    # the same tensors, bit for bit: names, layout and Gemma's 1 + w norms
-    assert set(ours.tensors) == set(theirs.tensors)
-    for name, tensor in theirs.tensors.items():
-        assert ours.tensors[name].shape == tensor.shape, name
-        assert np.array_equal(ours.tensors[name].data, tensor.data), name
+    theirs, ours = check_ggufs_read_as_the_folder("gemma3", oracle["files"]["tessera-gguf"])
     for key in (
         "attention.sliding_window",
         "rope.freq_base",
@@ -162,39 +101,13 @@ CONVERSATIONS = [
     "messages", CONVERSATIONS, ids=["one-turn", "three-turns", "system", "content-parts"]
 )
 def test_chat_template_renders_as_transformers(messages, add_generation_prompt):
-    model = load(LLAMA_CPP_GGUF, "numpy")
-    tok = model.tokenizer
-    bos, eos = tok.token_to_piece(tok.bos_id), tok.token_to_piece(tok.eos_id)
-    assert (bos, eos) == ("<bos>", "<eos>")
-    ours = ChatTemplate(tok.chat_template, bos, eos)
-    theirs = hf_tokenizer(bos, eos)
-    want = theirs.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    assert ours.render(messages, add_generation_prompt=add_generation_prompt) == want
-    assert want.startswith("<bos><start_of_turn>user\n")
+    check_chat_template("gemma3", messages, add_generation_prompt)
 
 
 def test_chat_template_refuses_roles_out_of_turn_as_transformers_does():
-    model = load(LLAMA_CPP_GGUF, "numpy")
-    ours = ChatTemplate(model.tokenizer.chat_template, "<bos>", "<eos>")
+    ours = gguf_template("gemma3")
     messages = [{"role": "assistant", "content": "Hi."}, *CONVERSATIONS[0]]
     with pytest.raises(Exception, match="Conversation roles must alternate"):
-        hf_tokenizer("<bos>", "<eos>").apply_chat_template(messages, tokenize=False)
+        hf_tokenizer("gemma3", "<bos>", "<eos>").apply_chat_template(messages, tokenize=False)
     with pytest.raises(ChatTemplateRejected, match="Conversation roles must alternate"):
         ours.render(messages)
-
-
-def hf_tokenizer(bos: str, eos: str):
-    """A transformers tokenizer carrying the folder's chat template (its SentencePiece model
-    needs the sentencepiece package to load, and templates render text only)."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-
-    template = json.loads((HF_DIR / "tokenizer_config.json").read_text())["chat_template"]
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>")),
-        chat_template=template,
-        bos_token=bos,
-        eos_token=eos,
-    )
