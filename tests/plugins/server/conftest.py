@@ -1,10 +1,22 @@
-"""A live server on the default model (numpy backend: the reference numbers) per module."""
+"""A live server on the default model (numpy backend: the reference numbers) per module,
+and servers whose model answers a fixed text (a tiny model writes no tool calls or
+thinking blocks): the template, parsing and HTTP are the real server's."""
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import pytest
 
-from tessera.plugins.server.testing import live_server
+from tessera.plugins.server.testing import live_server, scripted_answer
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "data" / "chat-templates"
+#: What the ``scripted`` server's model answers: text, then a Hermes-style call.
+TOOL_CALL_ANSWER = (
+    "Let me check.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,3 +33,26 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=120)
+
+
+@contextlib.contextmanager
+def _scripted(template: str, answer: str):
+    argv = ["--backend", "numpy", "-np", "1", "-c", "512"]
+    argv += ["--chat-template", str(TEMPLATES / template)]
+    with live_server(argv) as srv, scripted_answer(srv, answer):
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    """Qwen2.5's template; the model answers :data:`TOOL_CALL_ANSWER`."""
+    with _scripted("Qwen-Qwen2.5-7B-Instruct.jinja", TOOL_CALL_ANSWER) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def thinking():
+    """Qwen3's template; the model answers a thinking block, then "It is sunny."."""
+    answer = "<think>\nLet me see.\n</think>\n\nIt is sunny."
+    with _scripted("Qwen-Qwen3-0.6B.jinja", answer) as srv:
+        yield srv

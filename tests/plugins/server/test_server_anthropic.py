@@ -4,16 +4,12 @@ greedy request, and its error shape."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.request
-from pathlib import Path
 
 import anthropic
 import openai
 import pytest
-
-from tessera.plugins.server.testing import live_server, scripted_answer
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a dog."}]
 #: this client has no sampling arguments (newer models take none); the API has the fields
@@ -131,37 +127,11 @@ def test_errors_have_anthropics_shape(ac):
     assert info.value.body["error"]["type"] == "invalid_request_error"
 
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "chat-templates"
-TEMPLATE = TEMPLATE / "Qwen-Qwen2.5-7B-Instruct.jinja"
 TOOL = {
     "name": "get_weather",
     "description": "Weather of a city",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-ANSWER = (
-    "Let me check.\n<tool_call>\n"
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-)
-
-
-@contextlib.contextmanager
-def _scripted(template, answer):
-    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(template)]
-    with live_server(argv) as srv, scripted_answer(srv, answer):
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with _scripted(TEMPLATE, ANSWER) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def thinking():
-    template = TEMPLATE.parent / "Qwen-Qwen3-0.6B.jinja"
-    with _scripted(template, "<think>\nLet me see.\n</think>\n\nIt is sunny.") as srv:
-        yield srv
 
 
 def test_reasoning_is_a_thinking_block_streamed_as_thinking_deltas(thinking):

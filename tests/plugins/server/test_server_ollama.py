@@ -5,17 +5,13 @@ thinking of those answers goes (reasoning_format, chat_template_kwargs)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import ollama
 import openai
 import pytest
-
-from tessera.plugins.server.testing import live_server, scripted_answer
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about a dog."}]
 OPTIONS = {"temperature": 0, "num_predict": 12}
@@ -182,8 +178,6 @@ def test_embed_gives_the_vectors_of_v1_embeddings(oc, client):
     assert one.embedding == pytest.approx(ref.data[0].embedding, abs=1e-6)
 
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "data" / "chat-templates"
-TEMPLATE = TEMPLATE / "Qwen-Qwen2.5-7B-Instruct.jinja"
 TOOLS = [
     {
         "type": "function",
@@ -194,30 +188,6 @@ TOOLS = [
         },
     }
 ]
-ANSWER = (
-    "Let me check.\n<tool_call>\n"
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-)
-
-
-@contextlib.contextmanager
-def _scripted(template, answer):
-    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(template)]
-    with live_server(argv) as srv, scripted_answer(srv, answer):
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    with _scripted(TEMPLATE, ANSWER) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def thinking():
-    template = TEMPLATE.parent / "Qwen-Qwen3-0.6B.jinja"
-    with _scripted(template, "<think>\nLet me see.\n</think>\n\nIt is sunny.") as srv:
-        yield srv
 
 
 def test_reasoning_is_the_thinking_field_whole_and_streamed(thinking):

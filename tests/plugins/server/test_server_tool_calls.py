@@ -8,19 +8,9 @@ from the chat template to the OpenAI JSON is the real server.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
-import pytest
 
-from tessera.plugins.server.testing import live_server, scripted_answer
-
-TEMPLATE = (
-    Path(__file__).resolve().parents[2]
-    / "data"
-    / "chat-templates"
-    / "Qwen-Qwen2.5-7B-Instruct.jinja"
-)
 TOOLS = [
     {
         "type": "function",
@@ -31,17 +21,6 @@ TOOLS = [
         },
     }
 ]
-ANSWER = (
-    "Let me check.\n<tool_call>\n"
-    '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-)
-
-
-@pytest.fixture(scope="module")
-def scripted():
-    argv = ["--backend", "numpy", "-np", "1", "-c", "512", "--chat-template", str(TEMPLATE)]
-    with live_server(argv) as srv, scripted_answer(srv, ANSWER):
-        yield srv
 
 
 def _ask(srv, **kw):
