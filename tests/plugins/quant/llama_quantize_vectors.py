@@ -47,6 +47,21 @@ def vector_tensors(prefix: str, type_name: str) -> list[tuple[str, np.ndarray, n
     return found
 
 
+def assert_quantizes_as_llama_quantize(qt, prefix: str, count: int) -> None:
+    """``qt`` writes the bytes llama-quantize wrote for each of the ``count`` tensors of
+    the ``prefix`` vectors stored in it."""
+    tensors = vector_tensors(prefix, qt.name)
+    assert len(tensors) == count
+    for tensor_name, values, theirs in tensors:
+        assert_blocks_equal(qt.quantize_tensor(values), theirs, qt.type_size, tensor_name)
+
+
+def assert_vectors_dequantize_as_gguf(qt) -> None:
+    """``qt`` reads the edge vectors stored in it bit for bit as ``gguf.quants`` does."""
+    for _, _, stored in vector_tensors("llama-quantize-pure-edge-", qt.name):
+        assert_bits_equal(qt.dequantize(stored), gguf_dequantize(stored, qt.name))
+
+
 def assert_blocks_equal(ours: np.ndarray, theirs: np.ndarray, type_size: int, what: str) -> None:
     assert ours.dtype == np.uint8 and ours.size == theirs.size, f"{what}: {ours.shape}"
     differ = (ours.reshape(-1, type_size) != theirs.reshape(-1, type_size)).any(axis=1)

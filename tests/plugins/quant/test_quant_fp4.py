@@ -10,9 +10,10 @@ from gguf import GGMLQuantizationType
 from llama_quantize_vectors import (
     assert_bits_equal,
     assert_blocks_equal,
+    assert_quantizes_as_llama_quantize,
+    assert_vectors_dequantize_as_gguf,
     gguf_dequantize,
     random_blocks,
-    vector_tensors,
 )
 
 from tessera.plugin_manager import Runtime
@@ -34,11 +35,9 @@ COUNTS = {
 
 @pytest.mark.parametrize(("prefix", "name"), list(COUNTS))
 def test_quantize_reproduces_llama_quantize_bytes(prefix, name):
-    qt = RUNTIME.quant_type_by_name(name)
-    tensors = vector_tensors(prefix, name)
-    assert len(tensors) == COUNTS[(prefix, name)]
-    for tensor_name, values, theirs in tensors:
-        assert_blocks_equal(qt.quantize_tensor(values), theirs, qt.type_size, tensor_name)
+    assert_quantizes_as_llama_quantize(
+        RUNTIME.quant_type_by_name(name), prefix, COUNTS[(prefix, name)]
+    )
 
 
 def near_powers_of_two() -> np.ndarray:
@@ -109,8 +108,7 @@ def test_nvfp4_dequantizes_every_scale_like_gguf():
 @pytest.mark.parametrize("name", NAMES)
 def test_vectors_dequantize_like_gguf(name):
     qt = RUNTIME.quant_type_by_name(name)
-    for _, _, stored in vector_tensors("llama-quantize-pure-edge-", name):
-        assert_bits_equal(qt.dequantize(stored), gguf_dequantize(stored, name))
+    assert_vectors_dequantize_as_gguf(qt)
 
 
 def test_registered_with_ggml_ids_and_layouts():

@@ -13,10 +13,10 @@ import pytest
 from gguf import GGMLQuantizationType
 from llama_quantize_vectors import (
     assert_bits_equal,
-    assert_blocks_equal,
+    assert_quantizes_as_llama_quantize,
+    assert_vectors_dequantize_as_gguf,
     gguf_dequantize,
     random_blocks,
-    vector_tensors,
 )
 
 from tessera.plugin_manager import Runtime
@@ -37,18 +37,15 @@ COUNTS = {
 
 @pytest.mark.parametrize(("prefix", "name"), list(COUNTS))
 def test_quantize_reproduces_llama_quantize_bytes(prefix, name):
-    qt = RUNTIME.quant_type_by_name(name)
-    tensors = vector_tensors(prefix, name)
-    assert len(tensors) == COUNTS[(prefix, name)]
-    for tensor_name, values, theirs in tensors:
-        assert_blocks_equal(qt.quantize_tensor(values), theirs, qt.type_size, tensor_name)
+    assert_quantizes_as_llama_quantize(
+        RUNTIME.quant_type_by_name(name), prefix, COUNTS[(prefix, name)]
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_dequantize_matches_gguf_bit_for_bit(name):
     qt = RUNTIME.quant_type_by_name(name)
-    for _, _, stored in vector_tensors("llama-quantize-pure-edge-", name):
-        assert_bits_equal(qt.dequantize(stored), gguf_dequantize(stored, name))
+    assert_vectors_dequantize_as_gguf(qt)
     # Every code and (IQ4_XS) every 6-bit group scale, with zero, largest, subnormal,
     # infinite and NaN float16 scales.
     blocks = random_blocks(name, 512, seed=3, scale_at=0)

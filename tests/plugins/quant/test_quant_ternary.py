@@ -10,9 +10,10 @@ from gguf import GGMLQuantizationType
 from llama_quantize_vectors import (
     assert_bits_equal,
     assert_blocks_equal,
+    assert_quantizes_as_llama_quantize,
+    assert_vectors_dequantize_as_gguf,
     gguf_dequantize,
     random_blocks,
-    vector_tensors,
 )
 
 from tessera.plugin_manager import Runtime
@@ -30,11 +31,7 @@ SCALE_AT = {"TQ1_0": 52, "TQ2_0": 64}
 )
 def test_quantize_reproduces_llama_quantize_bytes(name, prefix, count):
     # The edge source's rows of 32 (attn_output, ffn_down) fall back to Q4_0 there.
-    qt = RUNTIME.quant_type_by_name(name)
-    tensors = vector_tensors(prefix, name)
-    assert len(tensors) == count
-    for tensor_name, values, theirs in tensors:
-        assert_blocks_equal(qt.quantize_tensor(values), theirs, qt.type_size, tensor_name)
+    assert_quantizes_as_llama_quantize(RUNTIME.quant_type_by_name(name), prefix, count)
 
 
 def sample_rows() -> np.ndarray:
@@ -76,8 +73,7 @@ def test_subnormal_block_maximum_gives_zero_trits_as_llama_cpp(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_dequantize_matches_gguf_bit_for_bit(name):
     qt = RUNTIME.quant_type_by_name(name)
-    for _, _, stored in vector_tensors("llama-quantize-pure-edge-", name):
-        assert_bits_equal(qt.dequantize(stored), gguf_dequantize(stored, name))
+    assert_vectors_dequantize_as_gguf(qt)
     # Every byte value (also those no quantizer writes) with special float16 scales.
     blocks = random_blocks(name, 256, seed=5, scale_at=SCALE_AT[name])
     blocks[:, 0] = np.arange(256)
