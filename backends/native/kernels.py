@@ -10,9 +10,10 @@ runs decode's RMSNorm (float32 statistics) and RoPE (bit for bit the torch ops' 
 one call each instead of several torch ops. On CPUs with AMX, ``native_amx.c`` runs larger
 bf16 matmuls (prefill, batches) of Q4_0 / Q8_0 weights on the tile units, dequantizing each
 block straight into a tile (:meth:`NativeGemv.matmul_tiles`; ``TESSERA_NATIVE_AMX_DISABLE=1``
-turns just that off). The other block types (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4, NVFP4,
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0) have their decode matmuls and dequantization in
-``native_qgemv.c``
+turns just that off); without AMX the same methods run ``native_vnni_gemm.c``'s int8 VNNI
+GEMM (:mod:`~tessera.backends.native.vnni_gemm`). The other block types (Q4_1, Q5_0, Q5_1,
+IQ4_NL, IQ4_XS, MXFP4, NVFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0) have their decode
+matmuls and dequantization in ``native_qgemv.c``
 (:class:`~tessera.backends.native.typed_gemv.TypedGemv`), through the same methods.
 
 :mod:`tessera.backends.native.library` builds and loads the library,
@@ -34,6 +35,7 @@ from tessera.backends.native.dense_gemv import DENSE_TYPES, DenseGemv
 from tessera.backends.native.portable_gemv import PORTABLE_TYPES, PortableGemv
 from tessera.backends.native.q4_0_x4 import BLOCK_TYPE, KIND, Q4_0x4Gemv
 from tessera.backends.native.typed_gemv import GGML_TYPES, TypedGemv
+from tessera.backends.native.vnni_gemm import VnniGemm
 from tessera.switches import Choice
 
 #: Matmuls of at least this many bf16 rows run on the AMX tiles where there are any; the
@@ -49,7 +51,7 @@ BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, KIND: BLOCK_TYPE, **GGML_TYPES, **DENS
 MAX_WEIGHTS = 8
 
 
-class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv):
+class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv, VnniGemm):
     """The loaded library: ``matmul(kind, w, x)`` multiplies ``x`` by a block-byte weight."""
 
     def __init__(self, lib: Any, path: Path) -> None:
@@ -155,12 +157,23 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv):
         ok = self.amx and n_rows >= AMX_MIN_ROWS and dtype == torch.bfloat16
         return ok and n_out % multiple == 0
 
+    def prefill_serves(self, n_rows: int, n_out: int, dtype: Any, multiple: int = 32) -> bool:
+        """Whether :meth:`matmul_tiles` takes this matmul: on the AMX tiles
+        (:meth:`tiles_serve`) or, where they are off, on the int8 VNNI GEMM
+        (:meth:`~tessera.backends.native.vnni_gemm.VnniGemm.vnni_serves`)."""
+        if self.amx:
+            return self.tiles_serve(n_rows, n_out, dtype, multiple)
+        return self.vnni_serves(n_rows, n_out, dtype, multiple)
+
     def matmul_tiles(self, kind: str, w: Any, x: Any) -> Any:
         """``x @ W.T`` on the AMX tile units for ``kind`` ``"Q8_0"`` or ``"Q4_0"`` (block
         bytes as in :meth:`matmul`), ``x`` a ``(T, n_in)`` bfloat16 CPU tensor; each weight
         block is dequantized to bf16 (the values prefill's dequantization gives) and the
         products summed in float32. None where :meth:`tiles_serve` says no (no AMX, fewer
-        than ``AMX_MIN_ROWS`` rows, another dtype, ``n_out`` not a multiple of 32)."""
+        than ``AMX_MIN_ROWS`` rows, another dtype, ``n_out`` not a multiple of 32). Where the
+        tiles are off, the int8 VNNI GEMM (:meth:`prefill_serves` says when)."""
+        if not self.amx:
+            return self.matmul_vnni(kind, (w,), x)
         return self._tiles(self.lib.tsr_matmul_amx, kind, (w,), x)
 
     def swiglu_tiles(self, kind: str, w_gate: Any, w_up: Any, x: Any) -> Any:
@@ -170,6 +183,8 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv):
         :meth:`tiles_serve` says no."""
         if w_gate.shape != w_up.shape:
             return None
+        if not self.amx:  # the int8 VNNI GEMM, x quantized once for both weights
+            return self.matmul_vnni(kind, (w_gate, w_up), x)
         return self._tiles(self.lib.tsr_swiglu_amx, kind, (w_gate, w_up), x, 16)
 
     def _tiles(self, fn: Any, kind: str, ws: tuple[Any, ...], x: Any, multiple: int = 32) -> Any:

@@ -28,18 +28,20 @@ from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
 from tessera.backends.native.portable_gemv import declare_portable
 from tessera.backends.native.q4_0_x4 import declare_q4_0_x4
+from tessera.backends.native.vnni_gemm import declare_vnni_gemm, vnni_choice
 from tessera.switches import OFF, Switch, choose
 
 _HERE = Path(__file__).parent
 #: The C files compiled together into the one library: Q4_0/Q8_0 and the other native
-#: kernels, the AMX prefill matmuls, the other block types' GEMV, dot products and
-#: dequantization; and the headers they include (part of the cache key).
+#: kernels, the AMX prefill matmuls and the int8 VNNI ones for CPUs without AMX, the other
+#: block types' GEMV, dot products and dequantization; and the headers they include (part
+#: of the cache key).
 SOURCES = tuple(
     _HERE / name
     for name in ("native_gemv.c", "native_amx.c", "native_qgemv.c", "native_qdot_legacy.c")
     + ("native_qdot_k.c", "native_qdot_low.c", "native_qdequant.c", "native_dense_gemv.c")
     + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c", "native_qdot_iq.c")
-    + ("native_q4_0_x4.c",)
+    + ("native_q4_0_x4.c", "native_vnni_gemm.c")
 )
 HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_iq.h")
 NATIVE_AMX_DISABLE = Switch(
@@ -214,6 +216,7 @@ def load(path: Path) -> NativeGemv:
     declare_attention_kv(lib)
     declare_portable(lib)
     declare_q4_0_x4(lib)
+    declare_vnni_gemm(lib)
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -233,4 +236,6 @@ def load(path: Path) -> NativeGemv:
 
     native.amx_choice = choose(NATIVE_AMX_DISABLE, amx_probe, on="on", off="off")
     native.amx = native.amx_choice.path == "on"
+    native.vnni_gemm_choice = vnni_choice(lib, native.amx)
+    native.vnni_gemm = native.vnni_gemm_choice.path == "on"
     return native

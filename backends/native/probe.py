@@ -8,8 +8,10 @@ instruction cannot kill the caller), loads, and a self-test on random weights ag
 numpy within the error bound of int8 activations. Otherwise the weight kernels keep their
 torch paths. ``TESSERA_NATIVE_DISABLE=1`` (:data:`NATIVE_DISABLE`) switches it off; the
 choice is recorded as the backend's ``"native kernels"`` path (:meth:`Backend.record_path`),
-and the AMX part of it as ``"native AMX matmuls"``. :func:`serves` answers for one block
-type of :data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, which
+the AMX part of it as ``"native AMX matmuls"`` and the int8 prefill GEMM of CPUs without
+AMX as ``"native VNNI prefill GEMM"`` (:mod:`~tessera.backends.native.vnni_gemm`).
+:func:`serves` answers for one block type of
+:data:`~tessera.backends.native.typed_gemv.GGML_TYPES`, which
 ``TESSERA_NATIVE_QUANT_DISABLE`` (:data:`NATIVE_QUANT_DISABLE`) can take off one by one;
 ``TESSERA_NATIVE_PATH`` (:mod:`~tessera.backends.native.cpu_paths`) forces a code path.
 """
@@ -25,6 +27,7 @@ from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.kernels import NativeGemv
 from tessera.backends.native.portable_gemv import PORTABLE_TYPES
 from tessera.backends.native.typed_gemv import GGML_TYPES
+from tessera.backends.native.vnni_gemm import vnni_choice, vnni_gemm_ok
 from tessera.switches import NAMES, OFF, Choice, Switch, choose, names
 
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
@@ -68,6 +71,7 @@ def status(backend: Any) -> NativeStatus:
         backend.record_path("native kernels", choice)
         if probed.gemv is not None:
             backend.record_path("native AMX matmuls", probed.gemv.amx_choice)
+            backend.record_path("native VNNI prefill GEMM", probed.gemv.vnni_gemm_choice)
         cache["native"] = NativeStatus(probed.gemv, choice.reason)
     return cache["native"]
 
@@ -87,6 +91,11 @@ def _probe(backend: Any) -> NativeStatus:
         if gemv.amx and not selftest.tiles_ok(gemv):
             gemv.amx = False
             gemv.amx_choice = Choice("off", "self-test against numpy failed")
+            gemv.vnni_gemm_choice = vnni_choice(gemv.lib, amx=False)
+            gemv.vnni_gemm = gemv.vnni_gemm_choice.path == "on"
+        if gemv.vnni_gemm and not vnni_gemm_ok(gemv):
+            gemv.vnni_gemm = False
+            gemv.vnni_gemm_choice = Choice("off", "self-test against numpy failed")
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as exc:
         return NativeStatus(None, f"build or load failed: {exc}")
     return NativeStatus(gemv, f"{cpu_paths.describe(gemv)}; {gemv.path_reason}")

@@ -196,6 +196,7 @@ def tessera_register_switches(register):
     from tessera.backends.native.dense_gemv import NATIVE_DENSE_DISABLE
     from tessera.backends.native.library import NATIVE_AMX_DISABLE
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
+    from tessera.backends.native.vnni_gemm import NATIVE_VNNI_GEMM_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
 
     switches = (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE)
@@ -203,6 +204,7 @@ def tessera_register_switches(register):
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)
+    register(NATIVE_VNNI_GEMM_DISABLE)
     register(NATIVE_QUANT_DISABLE)
     register(NATIVE_DENSE_DISABLE)
     register(NATIVE_PATH)

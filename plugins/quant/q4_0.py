@@ -188,14 +188,14 @@ class TorchQ4_0Weight:
         (the backend may then batch it with other weights of that kind), else None."""
         if self.native is None or n_rows >= NATIVE_MAX_ROWS:
             return None
-        if self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
-            return None  # the AMX kernel takes these rows, one weight at a time
+        if self.native.prefill_serves(n_rows, self.shape[0], self.dtype):
+            return None  # the prefill GEMM (AMX or VNNI) takes these rows, one weight at a time
         return self.kind, self.raw
 
     def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
         """``("Q4_0", the file's block bytes)`` when a matmul of ``n_rows`` rows runs on the AMX
         tiles (the backend may then fuse it with another weight), else None."""
-        if self.native is None or not self.native.tiles_serve(n_rows, self.shape[0], self.dtype):
+        if self.native is None or not self.native.prefill_serves(n_rows, self.shape[0], self.dtype):
             return None
         return "Q4_0", self.file_rows()
 

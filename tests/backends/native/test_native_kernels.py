@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tessera.backends.native import kernels, library, selftest
+from tessera.backends.native import kernels, library, selftest, vnni_gemm
 from tessera.backends.native import probe as native_probe
 from tessera.contract.fusion import LLAMA_DECODER
 from tessera.engine.batch import Batch
@@ -628,8 +628,8 @@ def test_tiles_take_only_what_they_serve(tiles):
 @pytest.mark.parametrize("name", ["Q4_0", "Q8_0"])
 def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
     """Below AMX_MIN_ROWS the VNNI kernel (and matmul_n may batch the weight); from there the
-    tiles (matmul_n must not batch it); with the switch, the VNNI kernel and then torch's
-    dense path, all within the tolerance of the same numpy product."""
+    tiles (matmul_n must not batch it); with the AMX and VNNI GEMM switches, the VNNI kernel
+    and then torch's dense path, all within the tolerance of the same numpy product."""
     qt = RUNTIME.quant_type_by_name(name)
     rng = np.random.default_rng(4)
     raw_bytes = weight_bytes(name, 64, 128, rng)
@@ -659,6 +659,7 @@ def test_weights_send_each_row_count_to_its_kernel(tiles, name, monkeypatch):
         if kernel == "matmul_tiles":
             assert_tiles_close(y, *tiles_reference(name, raw_bytes, x))
     monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv(vnni_gemm.NATIVE_VNNI_GEMM_DISABLE.name, "1")  # its own tests
     b = backend()
     assert not native_probe.probe(b).amx
     off = b.load_weight(raw, qt)
@@ -680,7 +681,9 @@ def test_a_build_without_amx_says_so_and_keeps_the_other_kernels(tiles, tmp_path
     assert plain.lib.tsr_native_amx() == 0 and not plain.amx
     x = torch.randn(40, 64).bfloat16()
     raw = torch.from_numpy(weight_bytes("Q8_0", 64, 64, np.random.default_rng(6)))
-    assert plain.matmul_tiles("Q8_0", raw, x) is None
+    # the int8 VNNI GEMM takes the tiles' place where the build has AVX512-VNNI
+    assert plain.vnni_gemm == ("avx512_vnni" in library.cpu_flags())
+    assert (plain.matmul_tiles("Q8_0", raw, x) is None) != plain.vnni_gemm
     assert selftest.self_test(plain)
 
 

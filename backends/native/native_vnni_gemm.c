@@ -1,0 +1,242 @@
+/* Prefill matmuls of Q4_0 / Q8_0 weights with int8 dot products (AVX512-VNNI vpdpbusd),
+ * for CPUs without AMX: tessera's native kernels, built with native_gemv.c into one
+ * library (tessera/backends/native/library.py).
+ *
+ * y (m, n) = x (m, k) @ W.T, x and y bf16/f16/f32, W n rows of GGUF block bytes. The rows
+ * of x are quantized once per call to int8 blocks of 32 with one float scale each (as
+ * ggml's Q8_0 activations). A vpdpbusd multiplies 64 unsigned bytes by 64 signed bytes and
+ * adds each group of four products into one of 16 int32 lanes; with one lane per weight
+ * row (4 consecutive codes of 16 rows in one vector) and the same 4 activation bytes
+ * broadcast to every lane, 8 of them give one block's 32-value dot product for 16 weight
+ * rows at once, no horizontal sums. So each thread packs a strip of 32 weight rows once:
+ * every block as 2 x 8 vectors of that layout (a 16 x 8 transpose of 4-byte groups) and
+ * 2 x 16 float scales, then runs all rows of x against it, 4 rows at a time (8 int32 and
+ * 8 float32 accumulators).
+ *
+ * vpdpbusd's weight side is unsigned: Q4_0 codes are stored as they are (0..15) and Q8_0's
+ * as q + 128 (q ^ 0x80); the offset o (8 or 128) comes back out of each dot product by
+ * starting its int32 sum at -o * (sum of the activation block's codes). Each block's sum
+ * is exact in int32 and is scaled by (weight scale * activation scale) into float32.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "native_common.h"
+
+#define VG_STRIP 32                 /* weight rows per strip: two 16-lane halves */
+#define VG_ROWS 4                   /* rows of x per pass of the micro-kernel */
+#define VG_BLOCK_BYTES (2 * 8 * 64) /* one block of a packed strip: 2 halves x 8 vectors */
+
+/* Whether the int8 GEMM was compiled in (512-bit VNNI). */
+int tsr_vnni_gemm_built(void) { return TSR_ZMM; }
+
+#if TSR_ZMM
+
+typedef struct {
+    int8_t *q;   /* (m, k) int8 codes */
+    float *d;    /* (m, nb) block scales */
+    int32_t *c;  /* (m, nb) -offset * sum of the block's codes: each dot product's start */
+} vg_act;
+
+static int vg_quantize(const void *x, int dtype, int64_t m, int64_t k, int offset, vg_act *a,
+                       int n_threads) {
+    const int64_t nb = k / QK;
+    a->q = malloc((size_t)(m * k));
+    a->d = malloc(sizeof(float) * (size_t)(m * nb));
+    a->c = malloc(sizeof(int32_t) * (size_t)(m * nb));
+    if (!a->q || !a->d || !a->c) return 0;
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t i = 0; i < m * nb; i++) {
+        int half[2];
+        a->c[i] = -offset * quantize32(x, i * QK, dtype, a->q + i * QK, a->d + i, half);
+    }
+    return 1;
+}
+
+/* Block b's 32 codes of one weight row as unsigned bytes in value order. */
+static inline __m256i vg_codes(const uint8_t *blk, int type_size) {
+    if (type_size == 34)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    const __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 2));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    /* low nibbles are values 0..15, high nibbles 16..31 */
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low),
+                            _mm_and_si128(packed, low));
+}
+
+/* r[i] (16 lanes of 32 bits) -> r[i][j] moved to r[j][i]. */
+static inline void vg_transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* r[4a + b] now holds, in 128-bit lane L, rows 4L..4L+3's element 4a + b */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0xdd);
+    }
+}
+
+/* 16 weight rows (rows[r] their first block) to the packed layout: for each block b,
+ * vector p (p = 0..7) at out + b * VG_BLOCK_BYTES holds codes 4p..4p+3 of row r in lane r,
+ * and scales + b * 32 the 16 rows' scales. Two blocks per transpose (lanes 0-7, 8-15). */
+static void vg_pack16(const uint8_t *const rows[16], int type_size, int64_t nb, uint8_t *out,
+                      float *scales) {
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int64_t b1 = b + 1 < nb ? b + 1 : b; /* an odd last block: transposed twice */
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) {
+            const uint8_t *p0 = rows[i] + b * type_size, *p1 = rows[i] + b1 * type_size;
+            r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(vg_codes(p0, type_size)),
+                                      vg_codes(p1, type_size), 1);
+            scales[b * 32 + i] = f16_at(p0);
+            if (b1 != b) scales[b1 * 32 + i] = f16_at(p1);
+        }
+        vg_transpose16(r);
+        for (int p = 0; p < 8; p++) {
+            _mm512_store_si512((__m512i *)(out + b * VG_BLOCK_BYTES + p * 64), r[p]);
+            if (b1 != b) _mm512_store_si512((__m512i *)(out + b1 * VG_BLOCK_BYTES + p * 64), r[p + 8]);
+        }
+    }
+}
+
+static inline void vg_store16(void *y, int64_t i, __m512 v, int dtype) {
+    store8(y, i, _mm512_castps512_ps256(v), dtype);
+    store8(y, i + 8, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), dtype);
+}
+
+/* silu(g) * u in float32 (g * sigmoid(g), the sigmoid from e^-|g|), 8 lanes. */
+static inline __m256 vg_swiglu8(__m256 g, __m256 u) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_nonpos(_mm256_or_ps(g, _mm256_set1_ps(-0.0f)));
+    const __m256 neg = _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+    return _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
+}
+
+/* Rows i0..i0+R-1 of x times a packed strip. Plain: y columns j0..j0+31 are the halves;
+ * swiglu (half 0 gate rows, half 1 the same up rows): columns j0..j0+15. */
+static inline __attribute__((always_inline)) void vg_rows(
+    const uint8_t *pack, const float *scales, const vg_act *a, int64_t nb, int64_t k, int64_t i0,
+    int R, void *y, int64_t n, int64_t j0, int dtype, int swiglu) {
+    __m512 acc[VG_ROWS][2];
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = pack + b * VG_BLOCK_BYTES;
+        __m512i dot[VG_ROWS][2];
+        for (int r = 0; r < R; r++)
+            dot[r][0] = dot[r][1] = _mm512_set1_epi32(a->c[(i0 + r) * nb + b]);
+        for (int p = 0; p < 8; p++) {
+            const __m512i w0 = _mm512_load_si512((const __m512i *)(wb + p * 64));
+            const __m512i w1 = _mm512_load_si512((const __m512i *)(wb + 512 + p * 64));
+            for (int r = 0; r < R; r++) {
+                int32_t four;
+                memcpy(&four, a->q + (i0 + r) * k + b * QK + 4 * p, 4);
+                const __m512i av = _mm512_set1_epi32(four);
+                dot[r][0] = _mm512_dpbusd_epi32(dot[r][0], w0, av);
+                dot[r][1] = _mm512_dpbusd_epi32(dot[r][1], w1, av);
+            }
+        }
+        const __m512 s0 = _mm512_load_ps(scales + b * 32), s1 = _mm512_load_ps(scales + b * 32 + 16);
+        for (int r = 0; r < R; r++) {
+            const __m512 da = _mm512_set1_ps(a->d[(i0 + r) * nb + b]);
+            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][0]), _mm512_mul_ps(s0, da), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][1]), _mm512_mul_ps(s1, da), acc[r][1]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const int64_t at = (i0 + r) * n + j0;
+        if (!swiglu) {
+            vg_store16(y, at, acc[r][0], dtype);
+            vg_store16(y, at + 16, acc[r][1], dtype);
+            continue;
+        }
+        const __m512 g = acc[r][0], u = acc[r][1];
+        store8(y, at, vg_swiglu8(_mm512_castps512_ps256(g), _mm512_castps512_ps256(u)), dtype);
+        const __m256 g1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(g), 1));
+        const __m256 u1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(u), 1));
+        store8(y, at + 8, vg_swiglu8(g1, u1), dtype);
+    }
+}
+
+/* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
+ * multiple of 16). Returns 0 for shapes or types it does not take, or out of memory. */
+static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
+                   const void *x, int64_t m, void *y, int dtype, int n_threads) {
+    const int64_t step = w2 ? 16 : VG_STRIP;
+    if (n % step || k % QK || m < 1 || (type_size != 18 && type_size != 34)) return 0;
+    const int64_t nb = k / QK, row_bytes = nb * type_size;
+    vg_act a;
+    int ok = vg_quantize(x, dtype, m, k, type_size == 18 ? 8 : 128, &a, n_threads);
+#pragma omp parallel num_threads(n_threads) reduction(&& : ok)
+    {
+        uint8_t *pack = aligned_alloc(64, (size_t)(nb * VG_BLOCK_BYTES));
+        float *scales = aligned_alloc(64, sizeof(float) * (size_t)(nb * 32));
+        ok = ok && pack && scales;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t s = 0; s < n / step; s++) {
+            if (!ok) continue;
+            const int64_t j0 = s * step;
+            const uint8_t *rows[2][16];
+            for (int i = 0; i < 16; i++) {
+                rows[0][i] = w + (j0 + i) * row_bytes;
+                rows[1][i] = w2 ? w2 + (j0 + i) * row_bytes : w + (j0 + 16 + i) * row_bytes;
+            }
+            vg_pack16(rows[0], type_size, nb, pack, scales);
+            vg_pack16(rows[1], type_size, nb, pack + 512, scales + 16);
+            int64_t i0 = 0;
+            for (; i0 + VG_ROWS <= m; i0 += VG_ROWS)
+                vg_rows(pack, scales, &a, nb, k, i0, VG_ROWS, y, n, j0, dtype, w2 != NULL);
+            switch (m - i0) {
+            case 3: vg_rows(pack, scales, &a, nb, k, i0, 3, y, n, j0, dtype, w2 != NULL); break;
+            case 2: vg_rows(pack, scales, &a, nb, k, i0, 2, y, n, j0, dtype, w2 != NULL); break;
+            case 1: vg_rows(pack, scales, &a, nb, k, i0, 1, y, n, j0, dtype, w2 != NULL); break;
+            }
+        }
+        free(pack);
+        free(scales);
+    }
+    free(a.q);
+    free(a.d);
+    free(a.c);
+    return ok;
+}
+
+#else
+
+static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
+                   const void *x, int64_t m, void *y, int dtype, int n_threads) {
+    (void)type_size, (void)w, (void)w2, (void)n, (void)k, (void)x, (void)m, (void)y;
+    (void)dtype, (void)n_threads;
+    return 0;
+}
+
+#endif
+
+int tsr_matmul_vnni(int type_size, const uint8_t *w, int64_t n, int64_t k, const void *x,
+                    int64_t m, void *y, int dtype, int n_threads) {
+    return vg_gemm(type_size, w, NULL, n, k, x, m, y, dtype, n_threads);
+}
+
+int tsr_swiglu_vnni(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+                    int64_t k, const void *x, int64_t m, void *y, int dtype, int n_threads) {
+    return vg_gemm(type_size, w_gate, w_up, n, k, x, m, y, dtype, n_threads);
+}

@@ -1,0 +1,181 @@
+"""The int8 VNNI prefill GEMM of CPUs without AMX (``native_vnni_gemm.c``): Q8_0 / Q4_0
+weights from ``gguf.quants`` against their dequantization times x in float64, the fused
+SwiGLU, its choice (AMX first, the switch, builds without AVX512-VNNI) and its use by the
+torch backend's Q4_0 / Q8_0 weights when the AMX tiles are switched off.
+
+Tolerance (:func:`~tessera.backends.native.selftest.error_bound`): each activation is
+rounded to an int8 block code (off by at most half a step, max|block| / 254), the integer
+sums are exact, float32 sums, plus the output's one rounding to bf16 / f16.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, quants
+
+from tessera.backends.native import kernels, library, vnni_gemm
+from tessera.backends.native import probe as native_probe
+from tessera.backends.native.selftest import error_bound
+from tessera.files.gguf import RawTensor
+from tessera.plugin_manager import Runtime
+
+RUNTIME = Runtime()
+ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 0.0}
+
+
+def _backend():
+    b = RUNTIME.create_backend("torch", device="cpu", dtype="bf16")
+    RUNTIME.equip(b)
+    return b
+
+
+@pytest.fixture(scope="module")
+def gemm():
+    """The kernels with the AMX tiles switched off, so the int8 GEMM takes prefill."""
+    if "avx512_vnni" not in library.cpu_flags():
+        # Real skip: the GEMM is built only for CPUs with AVX512-VNNI
+        pytest.skip("this CPU has no AVX512-VNNI")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(library.AMX_DISABLE_ENV, "1")
+        native = native_probe.probe(_backend())
+    assert native is not None and native.vnni_gemm, native and native.vnni_gemm_choice
+    return native
+
+
+def _weights(kind, n_out, n_in, seed, count=1):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        raw = quants.quantize(w, GGMLQuantizationType[kind])
+        out.append((torch.from_numpy(raw), quants.dequantize(raw, GGMLQuantizationType[kind])))
+    return out
+
+
+def _x(rows, n_in, dtype, seed):
+    x = np.random.default_rng(seed).standard_normal((rows, n_in)).astype(np.float32) * 3
+    return torch.from_numpy(x).to(dtype)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    # the fewest rows it takes; an odd block count and a ragged last group of 4 rows; n_in
+    # not a multiple of 256; the 0.5B model's widths
+    "n_out,n_in,rows",
+    [(32, 32, 16), (96, 160, 35), (64, 96, 17), (128, 896, 33), (64, 4864, 18)],
+)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matmul_matches_the_dequantized_weight(
+    gemm, kind, threads, n_out, n_in, rows, dtype, monkeypatch
+):
+    monkeypatch.setattr(gemm, "_threads", lambda: threads)
+    ((raw, dense),) = _weights(kind, n_out, n_in, seed=n_out + rows)
+    x = _x(rows, n_in, dtype, seed=rows)
+    xs = x.double().numpy()
+    want = xs @ dense.astype(np.float64).T
+    for out_dtype in (dtype, torch.float32):
+        got = gemm.matmul_vnni(kind, (raw,), x, out_dtype)
+        assert got.dtype == out_dtype and got.shape == (rows, n_out)
+        bound = error_bound(dense, xs) + ROUNDING[out_dtype] * np.abs(want)
+        assert np.all(np.abs(got.double().numpy() - want) <= bound)
+    assert torch.equal(gemm.matmul_tiles(kind, raw, x), gemm.matmul_vnni(kind, (raw,), x))
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("n_out,n_in,rows", [(16, 64, 16), (48, 160, 37), (112, 896, 21)])
+def test_swiglu_is_silu_gate_times_up(gemm, kind, n_out, n_in, rows):
+    (g_raw, g), (u_raw, u) = _weights(kind, n_out, n_in, seed=rows, count=2)
+    x = _x(rows, n_in, torch.bfloat16, seed=rows + 1)
+    xs = x.double().numpy()
+    got = gemm.swiglu_tiles(kind, g_raw, u_raw, x).double().numpy()
+    want = xs @ g.T / (1 + np.exp(-(xs @ g.T))) * (xs @ u.T)
+    eg, eu = error_bound(g, xs), error_bound(u, xs)
+    bound = 1.1 * eg * np.abs(xs @ u.T) + eu * np.abs(xs @ g.T) + 1.1 * eg * eu
+    assert np.all(np.abs(got - want) <= bound + 2.0**-8 * np.abs(want) + 1e-6)
+
+
+def test_shapes_it_does_not_take_are_none(gemm):
+    ((raw, _),) = _weights("Q4_0", 48, 64, seed=1)
+    assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.bfloat16, 1)) is None  # 48 % 32
+    ((raw, _),) = _weights("Q4_0", 32, 64, seed=1)
+    assert gemm.matmul_vnni("Q4_0", (raw,), _x(15, 64, torch.bfloat16, 1)) is None  # rows
+    assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.float32, 1)) is None  # dtype
+    assert gemm.matmul_vnni("Q5_0", (raw,), _x(16, 64, torch.bfloat16, 1)) is None
+    assert vnni_gemm.vnni_gemm_ok(gemm)
+
+
+def test_the_amx_tiles_come_first(native):
+    if native.amx:
+        assert native.vnni_gemm_choice == ("off", "the AMX tiles take these matmuls")
+    b = _backend()
+    native_probe.probe(b)
+    assert b.paths["native VNNI prefill GEMM"] == native.vnni_gemm_choice
+
+
+def test_the_switch_turns_it_off_and_is_recorded(gemm, monkeypatch):
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv(vnni_gemm.NATIVE_VNNI_GEMM_DISABLE.name, "1")
+    b = _backend()
+    native = native_probe.probe(b)
+    want = ("off", "disabled by TESSERA_NATIVE_VNNI_GEMM_DISABLE=1")
+    assert native.vnni_gemm_choice == want and b.paths["native VNNI prefill GEMM"] == want
+    ((raw, _),) = _weights("Q8_0", 32, 64, seed=2)
+    assert native.matmul_tiles("Q8_0", raw, _x(32, 64, torch.bfloat16, 2)) is None
+
+
+@pytest.mark.parametrize("path", ["avx-vnni", "avx2"])
+def test_a_forced_narrower_path_keeps_the_old_matmuls(gemm, path, tmp_path, monkeypatch):
+    """A build without AVX512 has no GEMM: it says so and the tiles' methods decline."""
+    if path == "avx-vnni" and "avx_vnni" not in library.cpu_flags():
+        # Real skip: a build for this path runs only on a CPU with its instructions
+        pytest.skip("this CPU has no AVX-VNNI")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv("TESSERA_NATIVE_PATH", path)
+    native = native_probe.probe(_backend())
+    assert native.vnni_gemm_choice.path == "off"
+    assert "built without AVX512-VNNI" in native.vnni_gemm_choice.reason
+    ((raw, _),) = _weights("Q4_0", 32, 64, seed=3)
+    assert native.matmul_tiles("Q4_0", raw, _x(32, 64, torch.bfloat16, 3)) is None
+
+
+def _spy(monkeypatch, calls):
+    real = kernels.NativeGemv.matmul_vnni
+
+    def spy(self, kind, ws, x, out_dtype=None):
+        y = real(self, kind, ws, x, out_dtype)
+        if y is not None:  # taken (Q8_0's weight asks at every row count)
+            calls.append((kind, len(ws), x.shape[0]))
+        return y
+
+    monkeypatch.setattr(kernels.NativeGemv, "matmul_vnni", spy)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    b = _backend()
+    qt = RUNTIME.quant_type_by_name(kind)
+    (raw, dense), (raw_up, dense_up) = _weights(kind, 64, 160, seed=4, count=2)
+    ws = [
+        b.load_weight(RawTensor(f"blk.0.ffn_{n}.weight", qt.ggml_type, (64, 160), r.numpy()), qt)
+        for n, r in (("gate", raw), ("up", raw_up))
+    ]
+    calls = []
+    _spy(monkeypatch, calls)
+    x = _x(40, 160, torch.bfloat16, seed=5)
+    xs = x.double().numpy()
+    got = ws[0].matmul(x).double().numpy()
+    assert calls == [(kind, 1, 40)]
+    want = xs @ dense.T
+    assert np.all(np.abs(got - want) <= error_bound(dense, xs) + 2.0**-8 * np.abs(want))
+    calls.clear()
+    ws[0].matmul(x[:8])  # decode rows: the GEMV
+    assert calls == []
+    if kind == "Q4_0":  # its weight offers the fused SwiGLU (Q8_0's: the AMX tiles only)
+        y = b.gate_up_swiglu(x, *ws)
+        assert calls == [(kind, 2, 40)] and y.shape == (40, 64)
+        assert b.paths["native VNNI prefill GEMM"].path == "on"
