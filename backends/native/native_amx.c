@@ -1,8 +1,10 @@
-/* Prefill matmuls of Q4_0 / Q8_0 weights on the AMX tile units (bf16), dequantizing the
- * weights into tiles on the way: tessera's native kernels, built with native_gemv.c into
+/* Prefill matmuls of Q4_0 / Q8_0 / BF16 weights on the AMX tile units (bf16), dequantizing
+ * the weights into tiles on the way: tessera's native kernels, built with native_gemv.c into
  * one library by tessera/backends/native/kernels.py.
  *
- * y (m, n) = x (m, k) @ W.T with x and y bfloat16, W n rows of GGUF block bytes. A
+ * y (m, n) = x (m, k) @ W.T with x bfloat16 and y bfloat16 or float32 (the accumulators
+ * unrounded: float32 activations), W n rows of GGUF block bytes (a BF16 row's "blocks" are
+ * its runs of 32 values, 64 bytes, already bf16). A
  * TDPBF16PS multiplies a 16 x 32 bf16 tile of x (16 rows, 32 inputs: straight from x with
  * x's row stride) by a 32 x 16 tile of W.T held as 16 rows of input pairs (the "VNNI"
  * layout: row p holds (W[j][2p], W[j][2p + 1]) for 16 output columns j), adding into a
@@ -89,6 +91,8 @@ static inline __m512i q4_0_pairs(const uint8_t *blk) {
                     _mm512_mul_ps(_mm512_cvtepi32_ps(n1), d));
 }
 
+static inline __m512i bf16_pairs(const uint8_t *blk) { return _mm512_loadu_si512(blk); }
+
 static inline __m512i q8_0_pairs(const uint8_t *blk) {
     uint16_t h;
     memcpy(&h, blk, 2);
@@ -136,7 +140,9 @@ static void dequantize_strip(const uint8_t *const half[2], int64_t row_bytes, in
         for (int h = 0; h < 2; h++) {
             const uint8_t *blk = half[h] + kb * type_size;
             for (int j = 0; j < 16; j++, blk += row_bytes)
-                r[j] = type_size == 18 ? q4_0_pairs(blk) : q8_0_pairs(blk);
+                r[j] = type_size == 18   ? q4_0_pairs(blk)
+                       : type_size == 34 ? q8_0_pairs(blk)
+                                         : bf16_pairs(blk);
             transpose16(r);
             __m512i *tile = (__m512i *)(tiles + (2 * kb + h) * TILE_BYTES);
             for (int p = 0; p < 16; p++) _mm512_store_si512(tile + p, r[p]);
@@ -172,10 +178,10 @@ static inline __m512 swiglu16(__m512 g, __m512 u) {
 /* Rows i0..i0+n_rows-1 (n_rows <= 32) of x (at xr, stride x_stride bytes, 32 rows
  * readable) times a strip. Plain: y columns j0..j0+31 are the strip's two halves. SwiGLU
  * (the halves are 16 gate rows and the same 16 up rows): y columns j0..j0+15 are
- * silu(gate) * up, rounded once. */
+ * silu(gate) * up. Rounded once to bf16, or stored as float32 when out_f32. */
 static void rows_times_strip(const uint8_t *xr, int64_t x_stride, const uint8_t *tiles,
-                             int64_t nb, uint16_t *y, int64_t n, int64_t i0, int64_t n_rows,
-                             int64_t j0, int swiglu) {
+                             int64_t nb, void *y, int64_t n, int64_t i0, int64_t n_rows,
+                             int64_t j0, int swiglu, int out_f32) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -198,23 +204,35 @@ static void rows_times_strip(const uint8_t *xr, int64_t x_stride, const uint8_t 
     for (int64_t i = 0; i < n_rows; i++) {
         const int b = (int)(i / 16) * 2, r = (int)(i % 16);
         const __m512 lo = _mm512_load_ps(acc[b][r]), hi = _mm512_load_ps(acc[b + 1][r]);
-        if (swiglu)
-            _mm256_storeu_si256((__m256i *)(y + (i0 + i) * n + j0),
+        const int64_t at = (i0 + i) * n + j0;
+        if (out_f32) {
+            float *yf = (float *)y + at;
+            if (swiglu) {
+                _mm512_storeu_ps(yf, swiglu16(lo, hi));
+            } else {
+                _mm512_storeu_ps(yf, lo);
+                _mm512_storeu_ps(yf + 16, hi);
+            }
+        } else if (swiglu) {
+            _mm256_storeu_si256((__m256i *)((uint16_t *)y + at),
                                 (__m256i)_mm512_cvtneps_pbh(swiglu16(lo, hi)));
-        else
-            _mm512_storeu_si512(y + (i0 + i) * n + j0, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        } else {
+            _mm512_storeu_si512((uint16_t *)y + at, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
     }
 }
 
 /* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
- * multiple of 16), x (m, k) and y bfloat16, contiguous; W, W2 n rows of Q4_0 (type_size
- * 18) or Q8_0 (34) blocks. scratch: n_threads * tsr_amx_scratch_bytes(k) bytes, 64-byte
- * aligned. Returns 0 (nothing written) where it does not apply. */
+ * multiple of 16), x (m, k) bfloat16 and y bfloat16 (float32 when out_f32), contiguous;
+ * W, W2 n rows of Q4_0 (type_size 18), Q8_0 (34) or BF16 (64) blocks. scratch: n_threads *
+ * tsr_amx_scratch_bytes(k) bytes, 64-byte aligned. Returns 0 (nothing written) where it
+ * does not apply. */
 static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n,
-                        int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
-                        int n_threads) {
+                        int64_t k, const uint16_t *x, int64_t m, void *y, int out_f32,
+                        uint8_t *scratch, int n_threads) {
     const int64_t step = w2 ? AMX_STRIP / 2 : AMX_STRIP; /* output columns per strip */
-    if (n % step || k % 32 || m < 1 || (type_size != 18 && type_size != 34)) return 0;
+    const int known = type_size == 18 || type_size == 34 || type_size == 64;
+    if (n % step || k % 32 || m < 1 || !known) return 0;
     const int64_t nb = k / 32, row_bytes = nb * type_size, x_stride = k * 2;
     const int64_t per_thread = tsr_amx_scratch_bytes(k), full = m / AMX_ROWS * AMX_ROWS;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
@@ -234,9 +252,10 @@ static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int6
             dequantize_strip(half, row_bytes, nb, type_size, tiles);
             for (int64_t i0 = 0; i0 < full; i0 += AMX_ROWS)
                 rows_times_strip((const uint8_t *)x + i0 * x_stride, x_stride, tiles, nb, y, n,
-                                 i0, AMX_ROWS, j0, w2 != NULL);
+                                 i0, AMX_ROWS, j0, w2 != NULL, out_f32);
             if (full < m)
-                rows_times_strip(tail, x_stride, tiles, nb, y, n, full, m - full, j0, w2 != NULL);
+                rows_times_strip(tail, x_stride, tiles, nb, y, n, full, m - full, j0, w2 != NULL,
+                                 out_f32);
         }
         _tile_release();
     }
@@ -245,14 +264,26 @@ static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int6
 
 int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                    int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
-    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, scratch, n_threads);
+    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, 0, scratch, n_threads);
 }
 
 /* An FFN's gate and up projections and silu(gate) * up in one pass (see matmul_tiles). */
 int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                    int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
                    int n_threads) {
-    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, scratch, n_threads);
+    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, 0, scratch, n_threads);
+}
+
+/* The same two with y float32: the sums unrounded, for float32 activations. */
+int tsr_matmul_amx_f32(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+                       int64_t m, float *y, uint8_t *scratch, int n_threads) {
+    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, 1, scratch, n_threads);
+}
+
+int tsr_swiglu_amx_f32(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+                       int64_t k, const uint16_t *x, int64_t m, float *y, uint8_t *scratch,
+                       int n_threads) {
+    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, 1, scratch, n_threads);
 }
 
 int tsr_native_amx(void) { return 1; }
@@ -269,6 +300,17 @@ int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const 
 int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                    int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
                    int n_threads) {
+    return 0;
+}
+
+int tsr_matmul_amx_f32(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+                       int64_t m, float *y, uint8_t *scratch, int n_threads) {
+    return 0;
+}
+
+int tsr_swiglu_amx_f32(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+                       int64_t k, const uint16_t *x, int64_t m, float *y, uint8_t *scratch,
+                       int n_threads) {
     return 0;
 }
 
