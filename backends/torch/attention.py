@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.backends.native.kernels import RowLists
+from tessera.backends.torch.activations import to_dtype
 from tessera.backends.torch.kv_store import Q8_0Rows, cache_type_of, read_rows
 
 #: attention_rows runs natively for ubatches of at most this many queries (decode, small
@@ -24,6 +25,8 @@ class AttentionOps:
     per-ubatch ``_mask_inputs`` and ``_rows_inputs`` are set up in ``TorchBackend.__init__``)."""
 
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
+        # SDPA multiplies in the compute dtype: float32 activations' q is rounded to it
+        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
@@ -41,11 +44,12 @@ class AttentionOps:
         if dead is not None:
             # A query with no allowed cell must give zeros; some SDPA kernels give NaN there.
             out = out.masked_fill(dead, 0.0)
-        return out.transpose(0, 1).reshape(n_tokens, -1)
+        return to_dtype(out.transpose(0, 1).reshape(n_tokens, -1), q_dtype)
 
     def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap, sinks=None):
         # SDPA can neither cap scores nor add sinks, so the scores are made explicitly:
         # (Hkv, group * T, S) matmuls give GQA without copying K/V.
+        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
@@ -66,7 +70,7 @@ class AttentionOps:
         out = torch.matmul(weights.view(n_head_kv, -1, n_kv), v).view(n_head, n_tokens, -1)
         if dead is not None:
             out = out.masked_fill(dead, 0.0)  # softmax over no cell gives NaN: zeros instead
-        return out.transpose(0, 1).reshape(n_tokens, -1)
+        return to_dtype(out.transpose(0, 1).reshape(n_tokens, -1), q_dtype)
 
     def _native_attention(self, q, k_cache, v_cache, lists, scale) -> Any:
         """The native kernel's attention over the caches in place, or None where it does not
@@ -156,6 +160,7 @@ class AttentionOps:
             out = self._native_attention(q, k_cache, v_cache, lists, scale)
             if out is not None:
                 return out
+        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)  # SDPA's inputs: compute dtype
         if t["span"] is not None:
             span = slice(t["span"][0], t["span"][0] + t["span"][1])
             k, v = (read_rows(c, span, q.dtype)[None] for c in (k_cache, v_cache))
@@ -182,7 +187,7 @@ class AttentionOps:
             out = out.masked_fill(t["dead"], 0.0)  # a query with no allowed row gives zeros
         out = out.transpose(1, 2).reshape(n_slices * n_q, -1)
         out = out if t["out"] is None else out.index_select(0, t["out"])
-        return out.reshape(n_tokens, -1)
+        return to_dtype(out.reshape(n_tokens, -1), q_dtype)
 
 
 def _cells(cache: Any, n_kv: int, dtype: torch.dtype) -> torch.Tensor:

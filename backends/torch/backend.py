@@ -62,6 +62,13 @@ INFERENCE_MODE = Switch(
     ON,
     default=True,
 )
+F32_ACTIVATIONS = Switch(
+    "TESSERA_TORCH_F32_ACTIVATIONS",
+    "bf16 on CPU: activations (residual stream, norms, attention and FFN outputs, logits) in "
+    "float32, each matmul's input rounded to bf16; 0: every activation in bf16",
+    ON,
+    default=True,
+)
 CHUNKED_DELTA = Switch(
     "TESSERA_TORCH_CHUNKED_DELTA",
     "gated delta rule over a prompt in chunks of 64 tokens (a few matmuls per chunk, as "
@@ -199,8 +206,8 @@ def tessera_register_switches(register):
     from tessera.backends.native.vnni_gemm import NATIVE_VNNI_GEMM_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
 
-    switches = (TORCH_DTYPE, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE, DECODER_BLOCK_DISABLE)
-    for switch in (*switches, CHUNKED_DELTA):
+    switches = (TORCH_DTYPE, F32_ACTIVATIONS, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE)
+    for switch in (*switches, DECODER_BLOCK_DISABLE, CHUNKED_DELTA):
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)

@@ -10,10 +10,10 @@ write, row-list attention, the output projection, the residual, gate/up, SwiGLU,
 with the same roundings, without returning to Python in between.
 
 It declines (returns None, nothing written) unless every matrix runs a native kernel at
-one row (Q/K/V and gate/up of one type or not), the biases are in the compute dtype, the
-caches are whole (in the compute dtype or a ``-ctk`` / ``-ctv`` type, which the block
-rounds the token's K and V into), and the token attends to one list of rows with nothing
-masked (no sliding window).
+one row (Q/K/V and gate/up of one type or not), the biases are in the activation dtype
+(float32 copies where activations are float32), the caches are whole (in the activation
+dtype or a ``-ctk`` / ``-ctv`` type, which the block rounds the token's K and V into), and
+the token attends to one list of rows with nothing masked (no sliding window).
 ``TESSERA_NATIVE_DISABLE=1`` turns it off with the other native kernels;
 ``TESSERA_DECODER_BLOCK_DISABLE=1`` (:data:`DECODER_BLOCK_DISABLE`) turns off only this
 fusion (the ops run one by one).
@@ -27,6 +27,7 @@ import numpy as np
 
 from tessera.backends.native.attention_kv import KV_TYPE_CODES
 from tessera.backends.native.kernels import BLOCK_GGML_TYPES, BlockStruct, StepStruct
+from tessera.backends.torch.activations import to_dtype
 from tessera.switches import OFF, Choice, Switch, choose
 
 DECODER_BLOCK_DISABLE = Switch(
@@ -77,7 +78,9 @@ def decoder_block(
     k, v = (c.blocks if isinstance(c, Q8_0Rows) else c for c in (k_cache, v_cache))
     struct.k_cache, struct.v_cache = k.data_ptr(), v.data_ptr()
     struct.k_type, struct.v_type = (KV_TYPE_CODES[cache_type_of(c)] for c in (k_cache, v_cache))
-    return native.block_decode(struct, step, x)
+    # the struct's biases and angles are in the activation dtype; x is taken in it
+    y = native.block_decode(struct, step, to_dtype(x, backend.act_dtype))
+    return to_dtype(y, x.dtype)
 
 
 def _caches_ok(k_cache: Any, v_cache: Any, block: Any) -> bool:
@@ -111,10 +114,11 @@ def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
     kinds = {name: kind for name, (kind, _) in found.items()}
     if not set(kinds.values()) <= BLOCK_GGML_TYPES.keys():
         return None
-    dtype = backend.torch_dtype
-    if any(b is not None and (b.dtype != dtype or not b.is_contiguous()) for b in (
-        block.bq, block.bk, block.bv
-    )):  # fmt: skip
+    dtype = backend.act_dtype  # the block's C code reads x, biases and angles in it
+    biases = [getattr(block, name) for name in ("bq", "bk", "bv")]
+    if dtype != backend.torch_dtype:  # float32 activations: float32 bias copies, made once
+        biases = [backend._f32_weight(b) for b in biases]
+    if any(b is not None and (b.dtype != dtype or not b.is_contiguous()) for b in biases):
         return None
     n_embd, n_ff = block.wq.shape[1], block.w_gate.shape[0]
     s = BlockStruct(
@@ -132,8 +136,7 @@ def _make_struct(backend: Any, block: Any) -> BlockStruct | None:
         setattr(s, name, raw.data_ptr())
         setattr(s, f"type_{name[1:].lstrip('_')}", BLOCK_GGML_TYPES[kind])
     keep = [raw for _, raw in found.values()]
-    for name in ("bq", "bk", "bv"):
-        bias = getattr(block, name)
+    for name, bias in zip(("bq", "bk", "bv"), biases, strict=True):
         setattr(s, name, None if bias is None else bias.data_ptr())
         keep.append(bias)
     for name in ("attn_norm", "ffn_norm", "q_norm", "k_norm"):

@@ -26,9 +26,11 @@ class RopeOps:
         freq_scale: float,
         freq_factors: np.ndarray | None = None,
         mscale: float = 1.0,
+        dtype: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``(T, 1, n_rot/2)`` (times ``mscale``) in the compute dtype, cached for the
-        last positions.
+        """cos/sin ``(T, 1, n_rot/2)`` (times ``mscale``) in ``dtype`` (default: the
+        activation dtype; the native kernel reads them in the rotated tensor's), cached for
+        the last positions.
 
         Every layer of a forward pass rotates at the same positions, so the table is built
         once per ubatch; angles are computed in float64 (positions reach 1e5 and more).
@@ -36,7 +38,8 @@ class RopeOps:
         pos = np.ascontiguousarray(positions, dtype=np.int64)
         factors = None if freq_factors is None else np.asarray(freq_factors, np.float64)
         factors_key = None if factors is None else factors.tobytes()
-        key = (pos.tobytes(), n_rot, freq_base, freq_scale, factors_key, mscale)
+        dtype = dtype or self.act_dtype
+        key = (pos.tobytes(), n_rot, freq_base, freq_scale, factors_key, mscale, dtype)
         table = self._rope_tables.get(key)
         if table is None:
             freq_key = (n_rot, freq_base, freq_scale, factors_key)
@@ -48,7 +51,7 @@ class RopeOps:
                 self._inv_freq[freq_key] = inv_freq
             angle = torch.from_numpy(pos).double()[:, None] * self._inv_freq[freq_key]
             table = tuple(
-                t.to(device=self.torch_device, dtype=self.torch_dtype)[:, None, :]
+                t.to(device=self.torch_device, dtype=dtype)[:, None, :]
                 for t in (angle.cos() * mscale, angle.sin() * mscale)
             )
             if len(self._rope_tables) >= 8:  # a few rope configs per model, one ubatch each
@@ -60,7 +63,8 @@ class RopeOps:
         return self.rope_ext(x, positions, n_rot, freq_base, neox, freq_scale, None)
 
     def rope_ext(self, x, positions, n_rot, freq_base, neox, freq_scale, freq_factors, mscale=1.0):
-        cos, sin = self._rope_table(positions, n_rot, freq_base, freq_scale, freq_factors, mscale)
+        args = (positions, n_rot, freq_base, freq_scale, freq_factors, mscale, x.dtype)
+        cos, sin = self._rope_table(*args)
         native = self._native() if x.numel() < NATIVE_SMALL_OP_VALUES and x.dim() == 3 else None
         if native is not None:
             return native.rope(x, cos, sin, n_rot, neox)  # decode: one C call

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tessera.backends.native.amx_f32 import tiles_f32
+from tessera.backends.torch.activations import in_compute, to_dtype
 from tessera.backends.torch.dense_native import dense_gemv, dense_native
 from tessera.backends.torch.packed import PackedLinear, epilogue
 from tessera.switches import DISABLE_KERNELS, names
@@ -54,16 +56,44 @@ class WeightOps:
         else:
             self.record(raw.name, f"kernel {qtype.name}", kernel.description or "kernel")
             return kernel.load(self, raw)
+        values = qtype.dequantize_tensor(raw.data, raw.shape)
+        if len(raw.shape) == 1 and self.act_dtype != self.torch_dtype:
+            # norm weights and biases act on float32 activations: kept in float32 (the file's
+            # F32 values unrounded, as llama.cpp keeps them)
+            self.record(raw.name, f"dequantize {qtype.name}->f32", "a 1-D tensor: f32 activations")
+            return self._tensor(values).to(self.torch_device, self.act_dtype)
         self.record(raw.name, f"dequantize {qtype.name}->{self.dtype}", reason)
-        return self.from_numpy(qtype.dequantize_tensor(raw.data, raw.shape))
+        return self.from_numpy(values)
 
     def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
+        # Float32 activations: a native GEMV takes them as they are, the AMX tiles take them
+        # rounded to bf16, both return the float32 sums; every other path multiplies in the
+        # weight's (compute) dtype, x rounded to it, and rounds its output.
+        tiles = self._tiles_of(w, x.shape[0]) if x.dtype != self.torch_dtype else None
+        if tiles is not None:
+            y = tiles_f32(self._native(), tiles[0], (tiles[1],), to_dtype(x, self.torch_dtype))
+            if y is not None:
+                return y
         if isinstance(w, torch.Tensor):
             found = dense_gemv(self, w, x.shape[0])
             if found is not None:  # decode: the native GEMV reads the 16-bit rows once
                 return dense_native(self).gemv_dense(found[0], (w,), x)
-            return F.linear(x, w)
-        return w.matmul(x)
+            return to_dtype(F.linear(to_dtype(x, w.dtype), w), x.dtype)
+        if x.dtype == self.torch_dtype or self._native_gemv(w, x.shape[0]) is not None:
+            return w.matmul(x)
+        return in_compute(self, w.matmul, x)
+
+    def _tiles_of(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
+        """``(kind, what the AMX tiles read)`` when a matmul of ``n_rows`` rows by ``w`` can
+        run on them: a quantized weight's ``native_tiles``, or a plain 2-D bf16 CPU tensor
+        (``"BF16"``) where the tiles serve this shape; else None."""
+        if not isinstance(w, torch.Tensor):
+            return getattr(w, "native_tiles", _no_native)(n_rows)
+        native = self._native()
+        if native is None or w.dim() != 2 or w.dtype != torch.bfloat16 or not w.is_contiguous():
+            return None
+        ok = w.device.type == "cpu" and native.tiles_serve(n_rows, w.shape[0], w.dtype)
+        return ("BF16", w) if ok and w.shape[1] % 32 == 0 else None
 
     def _native_gemv(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, what the native kernel reads)`` when a matmul of ``n_rows`` rows by ``w``
@@ -81,6 +111,8 @@ class WeightOps:
         if native is not None:
             found = [self._native_gemv(w, x.shape[0]) for w in weights]
             if all(found) and len({kind for kind, _ in found}) == 1:
+                if x.dtype != self.torch_dtype:  # float32 activations: float32 bias copies
+                    biases = tuple(self._f32_weight(b) for b in biases)
                 if all(b is None or (b.dtype == x.dtype and b.is_contiguous()) for b in biases):
                     raws = tuple(raw for _, raw in found)
                     y = native.matmul_n(found[0][0], raws, x, biases)
@@ -91,7 +123,15 @@ class WeightOps:
         """One AMX pass (gate and up tiles side by side, silu(gate) * up formed in float32)
         where both weights have a native tile kernel at this row count; else the default."""
         native = self._native()
-        if native is not None:
+        if native is not None and x.dtype != self.torch_dtype:
+            # float32 activations: x rounded to bf16, the float32 product (dense bf16 too)
+            found = [self._tiles_of(w, x.shape[0]) for w in (w_gate, w_up)]
+            if all(found) and found[0][0] == found[1][0]:
+                pair = (found[0][1], found[1][1])
+                y = tiles_f32(native, found[0][0], pair, to_dtype(x, self.torch_dtype))
+                if y is not None:
+                    return y
+        elif native is not None:
             found = [getattr(w, "native_tiles", _no_native)(x.shape[0]) for w in (w_gate, w_up)]
             if all(found) and found[0][0] == found[1][0]:
                 y = native.swiglu_tiles(found[0][0], found[0][1], found[1][1], x)
@@ -104,16 +144,17 @@ class WeightOps:
         return torch.bmm(x.transpose(0, 1), w.transpose(1, 2).to(x.dtype)).transpose(0, 1)
 
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
-        if isinstance(w, torch.Tensor):
-            return F.embedding(self._index(ids), w)
-        return w.get_rows(ids)
+        # rows of a weight (token embeddings) enter the activations in their dtype
+        rows = F.embedding(self._index(ids), w) if isinstance(w, torch.Tensor) else w.get_rows(ids)
+        return to_dtype(rows, self.act_dtype) if rows.dtype == self.torch_dtype else rows
 
     def linear(self, x, w, bias, activation="", residual=None):
         if isinstance(w, torch.Tensor):
             if self._packed_linear is None:
                 self._packed_linear = PackedLinear(self)
-            return self._packed_linear(x, w, bias, activation, residual)
-        return epilogue(w.matmul(x) + bias, activation, residual)
+            if x.dtype == w.dtype:
+                return self._packed_linear(x, w, bias, activation, residual)
+        return epilogue(self.matmul(x, w) + bias, activation, residual)
 
 
 def _no_native(n_rows: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from block_checks import ACTIVATIONS, assert_block_equals_ops
 
 from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.typed_gemv import GGML_TYPES, GRID_TYPES
@@ -298,10 +299,12 @@ def decode_logits(path, monkeypatch, env):
     return np.array(out), model
 
 
-def test_decoder_block_equals_the_op_by_op_path(native, mixed_model, monkeypatch):
+@pytest.mark.parametrize("f32_acts", ACTIVATIONS)
+def test_decoder_block_equals_the_op_by_op_path(native, mixed_model, f32_acts, monkeypatch):
     """The fused block takes the block types too: the same logits bit for bit as the same
     kernels op by op; and both within bf16's reach of the torch path without them."""
     calls = []
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", f32_acts)
     original = type(native).block_decode
     monkeypatch.setattr(type(native), "block_decode", lambda self, block, step, x: (
         calls.append(1) or original(self, block, step, x)
@@ -312,7 +315,7 @@ def test_decoder_block_equals_the_op_by_op_path(native, mixed_model, monkeypatch
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     assert any(isinstance(getattr(block, name), NativeBlockWeight) for name in names)
     op_by_op, _ = decode_logits(mixed_model, monkeypatch, {"TESSERA_DECODER_BLOCK_DISABLE": "1"})
-    np.testing.assert_array_equal(fused, op_by_op)
+    assert_block_equals_ops(fused, op_by_op, f32_acts)
     torch_path, _ = decode_logits(mixed_model, monkeypatch, {"TESSERA_NATIVE_QUANT_DISABLE": "all"})
     assert np.abs(fused - torch_path).max() <= 0.05 * np.abs(torch_path).max()
 

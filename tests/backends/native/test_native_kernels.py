@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from block_checks import ACTIVATIONS, assert_block_equals_ops
 
 from tessera.backends.native import kernels, library, selftest, vnni_gemm
 from tessera.backends.native import probe as native_probe
@@ -478,8 +479,25 @@ def test_model_decode_matches_the_numpy_backend(native, quantized_model, monkeyp
         ctx = Context(model, ContextParams(n_ctx=128))
         return list(generate(ctx, prompt, 16, Sampler(SamplerParams(temperature=0))))
 
+    def decode_steps(model, tokens):
+        """Each step's logits, decoding the reference's tokens one at a time."""
+        ctx = Context(model, ContextParams(n_ctx=128))
+        out = [ctx.decode(Batch.for_sequence(prompt))[-1]]
+        for i, token in enumerate(tokens[:-1]):
+            out.append(ctx.decode(Batch.for_sequence([token], start_pos=len(prompt) + i))[-1])
+        return out
+
     tokens = greedy(ref)
-    assert greedy(fast) == tokens
+    # The same greedy choice at every step, but where the reference's top two logits are
+    # closer than the fast path's distance from it there (a near-tie either side of which
+    # is within the kernels' rounding); at most one such step.
+    ties = 0
+    for want, got in zip(decode_steps(ref, tokens), decode_steps(fast, tokens), strict=True):
+        if got.argmax() != want.argmax():
+            top2 = np.sort(want)[-2:]
+            assert top2[1] - top2[0] <= 2 * np.abs(got - want).max()
+            ties += 1
+    assert ties <= 1
     assert len(calls) > 16  # decode went through the native kernels
     # logits of one decode step after the prompt and the generated text
     logits = []
@@ -491,7 +509,8 @@ def test_model_decode_matches_the_numpy_backend(native, quantized_model, monkeyp
     assert np.abs(logits[1] - logits[0]).max() <= 0.05 * np.abs(logits[0]).max()
 
 
-def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeypatch):
+@pytest.mark.parametrize("f32_acts", ACTIVATIONS)
+def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, f32_acts, monkeypatch):
     """Decode through the fused native block: the same logits, bit for bit, as the same
     kernels called op by op (the block runs them in the same order with the same
     roundings); the switch turns it off; prefill never takes it."""
@@ -503,6 +522,7 @@ def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeyp
         return original(self, block, step, x)
 
     monkeypatch.setattr(kernels.NativeGemv, "block_decode", counted)
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", f32_acts)
 
     def decode_logits(switch):
         monkeypatch.setenv("TESSERA_DECODER_BLOCK_DISABLE", switch)  # read when it loads
@@ -521,7 +541,7 @@ def test_decoder_block_equals_the_op_by_op_path(native, quantized_model, monkeyp
     assert calls == [(1, config.n_embd)] * (6 * config.n_layer)  # every decode layer, no prefill
     op_by_op, _ = decode_logits("1")
     assert len(calls) == 6 * config.n_layer  # the model loaded with the switch never used it
-    np.testing.assert_array_equal(fused, op_by_op)
+    assert_block_equals_ops(fused, op_by_op, f32_acts)
 
 
 def test_decoder_block_declines_weights_without_a_native_kernel(native, tmp_path, monkeypatch):

@@ -185,14 +185,21 @@ def test_real_probes_run_once_and_are_cached_on_the_backend():
     assert not kernels[("torch", "Q8_0")].supports(numpy_backend)
 
 
-def test_float_weights_become_plain_tensors_in_the_compute_dtype():
+@pytest.mark.parametrize("f32_acts, held", [("0", "bf16"), ("1", "f32")])
+def test_1d_float_weights_become_plain_tensors_in_the_activation_dtype(f32_acts, held, monkeypatch):
+    """Norm weights and biases: in the compute dtype, or in float32 beside float32
+    activations (bf16 on the CPU), the file's values unrounded."""
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", f32_acts)
     b = make_backend("bf16")
     qt = RUNTIME.quant_type_by_name("F16")
     norm = np.linspace(-1, 1, 64, dtype=np.float32)
     raw = RawTensor("output_norm.weight", qt.ggml_type, (64,), qt.quantize_tensor(norm))
     w = b.load_weight(raw, qt)
-    assert isinstance(w, torch.Tensor) and w.dtype == torch.bfloat16 and w.shape == (64,)
-    assert b.placements[0][:2] == ("output_norm.weight", "dequantize F16->bf16")
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[held]
+    assert isinstance(w, torch.Tensor) and w.dtype == dtype and w.shape == (64,)
+    assert b.placements[0][:2] == ("output_norm.weight", f"dequantize F16->{held}")
+    want = torch.from_numpy(qt.dequantize_tensor(qt.quantize_tensor(norm), (64,))).to(dtype)
+    assert torch.equal(w, want)
 
 
 # -- inference mode -------------------------------------------------------------------------

@@ -177,16 +177,24 @@ def test_logits_stay_close_to_the_compute_dtype_cache(name, dtype):
         assert (ctx.kv.type_k, ctx.kv.type_v) == (type_k, type_v)
 
 
-def test_the_fused_block_stores_as_the_op_path_does(native_kernels, monkeypatch):
+@pytest.mark.parametrize("f32_acts", ["0", "1"])
+def test_the_fused_block_stores_as_the_op_path_does(native_kernels, f32_acts, monkeypatch):
     """torch bf16 with the native decoder block: the block rounds K and V into a q8_0 / f16
-    cache exactly as set_rows does, so the logits equal the op-by-op path's bit for bit."""
+    cache exactly as set_rows does, so with bf16 activations the logits equal the op-by-op
+    path's bit for bit. With float32 activations they agree within 1e-4 of their scale, not
+    bit for bit: the block's SwiGLU forms silu from its own e^x where the op path calls
+    torch's F.silu (bf16's rounding of each output hid that float32 difference)."""
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", f32_acts)
     runs = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("TESSERA_DECODER_BLOCK_DISABLE", switch)
         model = load_model(default_model_path(), RUNTIME, backend("torch", "bf16"))
         runs[switch] = decode_logits(model, "q8_0", "f16")[0]
         assert (model.backend.paths["decoder block"].path == "op by op") == (switch == "1")
-    np.testing.assert_array_equal(runs["0"], runs["1"])
+    if f32_acts == "0":
+        np.testing.assert_array_equal(runs["0"], runs["1"])
+    else:
+        assert np.abs(runs["0"] - runs["1"]).max() <= 1e-4 * np.abs(runs["1"]).max()
 
 
 @pytest.mark.parametrize("name,dtype", BACKENDS)

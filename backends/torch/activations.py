@@ -1,0 +1,47 @@
+"""The torch backend's activation dtype: the dtype of the tensors that flow between ops
+(residual stream, norm outputs, attention and FFN outputs, logits), which may differ from
+the compute dtype that weights are held in.
+
+With bf16 on the CPU, activations are float32 and each matmul's input is rounded to bf16
+where the kernel multiplies in bf16 (torch's oneDNN/AMX matmuls and SDPA over a bf16 KV
+cache), as llama.cpp keeps float32 activations and converts only a matmul's input to the
+weight's type. The native decode kernels take float32 inputs and accumulate and return
+float32 without a rounding. Rounding every op's output to bf16 instead raised the mean KL
+divergence against float32 about tenfold on the bundled model (docs/performance.md);
+``TESSERA_TORCH_F32_ACTIVATIONS=0`` keeps that path for comparison.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tessera.backends.torch.backend import F32_ACTIVATIONS
+from tessera.switches import Choice, choose
+
+
+def choose_activations(device: torch.device, dtype: torch.dtype) -> Choice:
+    """``Choice(path, why)``: ``"f32"`` where bf16 CPU compute keeps float32 activations,
+    else the compute dtype's name (``"bf16"``, ``"f16"``, ``"f32"``)."""
+    name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    if dtype == torch.float32:
+        return Choice("f32", "the compute dtype is float32")
+
+    def probe() -> tuple[bool, str]:
+        if dtype != torch.bfloat16 or device.type != "cpu":
+            return False, f"only for bf16 on CPU (this is {device.type}/{name})"
+        return True, "float32 between ops; matmul inputs rounded to bf16"
+
+    return choose(F32_ACTIVATIONS, probe, on="f32", off=name)
+
+
+def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype`` (``x`` itself when it already is)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def in_compute(backend: Any, fn: Any, x: torch.Tensor, *args: Any) -> torch.Tensor:
+    """``fn(x, *args)`` with ``x`` rounded to the compute dtype, the result back in ``x``'s
+    dtype (the matmul inputs of float32 activations; a no-op cast on the 16-bit path)."""
+    return to_dtype(fn(to_dtype(x, backend.torch_dtype), *args), x.dtype)
