@@ -73,32 +73,6 @@ TORCH_VIEW_DTYPES = {"F16": "float16", "BF16": "bfloat16"}
 CONVERTED_DTYPES = ("bf16", "f16", "f32")
 
 
-#: Values per float32 block of :func:`converted`: 4 MiB, 2 MiB per thread of two, which
-#: stays in a core's L2 cache, in few enough calls that a busy second core delays few.
-CONVERSION_BLOCK = 1 << 20
-
-
-def converted(values: Any, dtype: Any) -> Any:
-    """The 16-bit torch tensor ``values`` (contiguous) in the torch ``dtype``.
-
-    Into another 16-bit dtype the values pass through float32 one cache-sized block at a
-    time: torch's two vectorized casts (16 bits to float32, exact; float32 to 16 bits,
-    rounded to nearest even) take about two thirds of the CPU time of its direct 16-bit to
-    16-bit cast, the same bits but NaN payloads (0.7 against 1.1 s for a 0.5B F16 file)."""
-    import torch
-
-    if dtype == torch.float32:
-        return values.to(dtype)
-    out = torch.empty(values.shape, dtype=dtype)
-    src, dst = values.reshape(-1), out.view(-1)
-    scratch = torch.empty(min(CONVERSION_BLOCK, src.numel()), dtype=torch.float32)
-    for start in range(0, src.numel(), CONVERSION_BLOCK):
-        block = scratch[: min(CONVERSION_BLOCK, src.numel() - start)]
-        block.copy_(src[start : start + len(block)])
-        dst[start : start + len(block)].copy_(block)
-    return out
-
-
 def in_place_kernel(name: str) -> WeightKernel:
     """The torch kernel of ``name`` (``"F16"`` / ``"BF16"``) on a CPU backend.
 
@@ -120,7 +94,7 @@ def in_place_kernel(name: str) -> WeightKernel:
         values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
         if backend.dtype == IN_PLACE_DTYPES[name]:
             return values
-        return converted(values, backend.torch_dtype)
+        return values.to(backend.torch_dtype)
 
     description = "the file's 16-bit values in place (or converted once in torch)"
     return WeightKernel("torch", name, supports, load, description)

@@ -32,7 +32,7 @@ def raw_weight(kind, shape=(16, 64)):
 
 @pytest.mark.parametrize("kind", ["F16", "BF16"])
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-# one conversion block, and two blocks and a ragged tail of floats.CONVERSION_BLOCK
+# a small matrix and one of two million values (odd rows and columns)
 @pytest.mark.parametrize("shape", [(16, 64), (1031, 2053)])
 def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape):
     raw = raw_weight(kind, shape)
