@@ -27,11 +27,12 @@ def _declare(lib: Any) -> None:
     lib._amx_f32_declared = True
 
 
-def tiles_f32(native: Any, kind: str, ws: tuple[Any, ...], x: Any) -> Any:
+def tiles_f32(native: Any, kind: str, ws: tuple[Any, ...], x: Any, out_f32: bool = True) -> Any:
     """``x @ W.T`` (one weight) or ``silu(x @ W_gate.T) * (x @ W_up.T)`` (two of one shape)
-    as a float32 ``(T, n_out)`` tensor, ``x`` a ``(T, n_in)`` bfloat16 CPU tensor, ``ws``
-    block bytes of ``kind`` or contiguous bfloat16 tensors for ``"BF16"``; None where the
-    tiles do not serve (no AMX, too few rows, a shape or kind they do not take)."""
+    as a float32 ``(T, n_out)`` tensor (bfloat16, rounded once, without ``out_f32``), ``x``
+    a ``(T, n_in)`` bfloat16 CPU tensor, ``ws`` block bytes of ``kind`` or contiguous
+    bfloat16 tensors for ``"BF16"``; None where the tiles do not serve (no AMX, too few
+    rows, a shape or kind they do not take)."""
     import torch
 
     n_out = ws[0].shape[0]
@@ -50,8 +51,12 @@ def tiles_f32(native: Any, kind: str, ws: tuple[Any, ...], x: Any) -> Any:
     if native._amx_scratch is None or native._amx_scratch.numel() < need:
         native._amx_scratch = torch.empty(need, dtype=torch.uint8)  # shared with matmul_tiles
     aligned = -native._amx_scratch.data_ptr() % 64
-    y = torch.empty((n_rows, n_out), dtype=torch.float32)
-    fn = native.lib.tsr_matmul_amx_f32 if len(ws) == 1 else native.lib.tsr_swiglu_amx_f32
+    y = torch.empty((n_rows, n_out), dtype=torch.float32 if out_f32 else torch.bfloat16)
+    lib = native.lib
+    if out_f32:
+        fn = lib.tsr_matmul_amx_f32 if len(ws) == 1 else lib.tsr_swiglu_amx_f32
+    else:
+        fn = lib.tsr_matmul_amx if len(ws) == 1 else lib.tsr_swiglu_amx
     done = fn(
         TILE_TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
         y.data_ptr(), native._amx_scratch.data_ptr() + aligned, threads,

@@ -2,18 +2,17 @@
 (residual stream, norm outputs, attention and FFN outputs, logits), which may differ from
 the compute dtype that weights are held in.
 
-With bf16 on the CPU, activations are float32 and each matmul's input is rounded to bf16
-where the kernel multiplies in bf16 (torch's oneDNN/AMX matmuls and SDPA over a bf16 KV
-cache), as llama.cpp keeps float32 activations and converts only a matmul's input to the
-weight's type. The native decode kernels take float32 inputs and accumulate and return
+With ``TESSERA_TORCH_F32_ACTIVATIONS=1`` and bf16 on the CPU, activations are float32 and
+each matmul's input is rounded to bf16 where the kernel multiplies in bf16 (the AMX tiles,
+torch's oneDNN matmuls, SDPA over a bf16 KV cache), as llama.cpp keeps float32 activations
+and converts only a matmul's input to the weight's type. The native decode kernels take float32 inputs and accumulate and return
 float32 without a rounding. Rounding every op's output to bf16 instead raised the mean KL
-divergence against float32 about tenfold on the bundled model (docs/performance.md);
-``TESSERA_TORCH_F32_ACTIVATIONS=0`` keeps that path for comparison.
+divergence against float32 about sixfold on the bundled model (docs/performance.md), but
+float32 activations cost 4-18% of prefill speed on the 0.5B shape, so they are off unless
+``TESSERA_TORCH_F32_ACTIVATIONS=1``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -39,9 +38,3 @@ def choose_activations(device: torch.device, dtype: torch.dtype) -> Choice:
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``x`` in ``dtype`` (``x`` itself when it already is)."""
     return x if x.dtype == dtype else x.to(dtype)
-
-
-def in_compute(backend: Any, fn: Any, x: torch.Tensor, *args: Any) -> torch.Tensor:
-    """``fn(x, *args)`` with ``x`` rounded to the compute dtype, the result back in ``x``'s
-    dtype (the matmul inputs of float32 activations; a no-op cast on the 16-bit path)."""
-    return to_dtype(fn(to_dtype(x, backend.torch_dtype), *args), x.dtype)

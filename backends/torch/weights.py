@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tessera.backends.native.amx_f32 import tiles_f32
-from tessera.backends.torch.activations import in_compute, to_dtype
+from tessera.backends.torch.activations import to_dtype
 from tessera.backends.torch.dense_native import dense_gemv, dense_native
 from tessera.backends.torch.packed import PackedLinear, epilogue
 from tessera.switches import DISABLE_KERNELS, names
@@ -66,22 +66,28 @@ class WeightOps:
         return self.from_numpy(values)
 
     def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
-        # Float32 activations: a native GEMV takes them as they are, the AMX tiles take them
-        # rounded to bf16, both return the float32 sums; every other path multiplies in the
-        # weight's (compute) dtype, x rounded to it, and rounds its output.
-        tiles = self._tiles_of(w, x.shape[0]) if x.dtype != self.torch_dtype else None
+        if self.act_dtype == self.torch_dtype:
+            return self._matmul(x, w)
+        # Float32 activations (the result float32 whatever x's dtype): a native GEMV takes x
+        # as it is, the AMX tiles take it rounded to bf16, both return the float32 sums;
+        # every other path multiplies in the compute dtype, x rounded to it, and rounds.
+        tiles = self._tiles_of(w, x.shape[0])
         if tiles is not None:
             y = tiles_f32(self._native(), tiles[0], (tiles[1],), to_dtype(x, self.torch_dtype))
             if y is not None:
                 return y
+        if self._native_gemv(w, x.shape[0]) is None:
+            x = to_dtype(x, self.torch_dtype)
+        return to_dtype(self._matmul(x, w), self.act_dtype)
+
+    def _matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
+        """``x @ w.T`` in ``x``'s dtype (the native GEMV, torch, or the weight's kernel)."""
         if isinstance(w, torch.Tensor):
             found = dense_gemv(self, w, x.shape[0])
             if found is not None:  # decode: the native GEMV reads the 16-bit rows once
                 return dense_native(self).gemv_dense(found[0], (w,), x)
-            return to_dtype(F.linear(to_dtype(x, w.dtype), w), x.dtype)
-        if x.dtype == self.torch_dtype or self._native_gemv(w, x.shape[0]) is not None:
-            return w.matmul(x)
-        return in_compute(self, w.matmul, x)
+            return F.linear(x, w)
+        return w.matmul(x)
 
     def _tiles_of(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, what the AMX tiles read)`` when a matmul of ``n_rows`` rows by ``w`` can
@@ -117,18 +123,24 @@ class WeightOps:
                     raws = tuple(raw for _, raw in found)
                     y = native.matmul_n(found[0][0], raws, x, biases)
                     return list(y.split([w.shape[0] for w in weights], dim=1))
+        if self.act_dtype != self.torch_dtype:
+            if not any(self._native_gemv(w, x.shape[0]) for w in weights):
+                x = to_dtype(x, self.torch_dtype)  # rounded once for all (prefill Q/K/V)
         return super().matmul_n(x, weights, biases)
 
     def gate_up_swiglu(self, x, w_gate, w_up):
         """One AMX pass (gate and up tiles side by side, silu(gate) * up formed in float32)
-        where both weights have a native tile kernel at this row count; else the default."""
+        where both weights have a native tile kernel at this row count; else the default.
+
+        With float32 activations the tiles' product is rounded once to bf16 (dense bf16
+        weights too): it is the down projection's input, which rounds it to bf16 anyway."""
         native = self._native()
-        if native is not None and x.dtype != self.torch_dtype:
-            # float32 activations: x rounded to bf16, the float32 product (dense bf16 too)
+        if native is not None and self.act_dtype != self.torch_dtype:
             found = [self._tiles_of(w, x.shape[0]) for w in (w_gate, w_up)]
             if all(found) and found[0][0] == found[1][0]:
                 pair = (found[0][1], found[1][1])
-                y = tiles_f32(native, found[0][0], pair, to_dtype(x, self.torch_dtype))
+                x = to_dtype(x, self.torch_dtype)
+                y = tiles_f32(native, found[0][0], pair, x, out_f32=False)
                 if y is not None:
                     return y
         elif native is not None:

@@ -80,3 +80,32 @@ def test_float32_tiles_take_only_what_they_serve(tiles):
     assert tiles_f32(tiles, "BF16", (w,), x) is None  # float32 weights: not a BF16 tensor
     assert tiles_f32(tiles, "BF16", (w.bfloat16(),), x[:15]) is None  # too few rows
     assert tiles_f32(tiles, "F16", (w.half(),), x) is None  # a kind the tiles do not read
+
+
+def test_float32_activations_take_the_float32_tiles_from_16_rows(tiles, monkeypatch):
+    """The torch backend's matmul and gate_up_swiglu on BF16 weights: the float32 tiles from
+    16 rows (float32 out; the SwiGLU's product, the down projection's bf16 input, in bf16),
+    the native GEMV below; against numpy over the same inputs."""
+    import tessera.backends.torch.weights as torch_weights
+
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "1")
+    b = backend()
+    calls = []
+    real = torch_weights.tiles_f32
+    monkeypatch.setattr(
+        torch_weights, "tiles_f32", lambda *a, **k: calls.append(a[3].shape[0]) or real(*a, **k)
+    )
+    rng = np.random.default_rng(9)
+    w, values = weight("BF16", 64, 128, rng)
+    for rows in (5, 16, 40):
+        x = torch.from_numpy(rng.standard_normal((rows, 128)).astype(np.float32))
+        y = b.matmul(x, w)
+        assert y.dtype == torch.float32
+        # the tiles round x to bf16 and sum in float32; the GEMV may keep x in float32
+        tiled = rows >= 16
+        want, exact = reference("BF16", w, values, x.bfloat16() if tiled else x.double())
+        err = np.abs(y.double().numpy() - want)
+        assert np.all(err <= (1e-5 if tiled else 2.0**-8) * exact + 1e-30)
+        act = b.gate_up_swiglu(x, w, w)
+        assert act.dtype == (torch.bfloat16 if rows >= 16 else torch.float32)
+    assert calls == [16, 16, 40, 40]

@@ -734,6 +734,8 @@ def test_swiglu_tiles_match_numpy(tiles, name, threads, n_ff, n_in, rows, monkey
 
 
 def test_gate_up_swiglu_takes_the_tiles_from_16_rows(tiles, monkeypatch):
+    # the bf16 kernels' dispatch (float32 activations take amx_f32's: test_native_amx_f32.py)
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "0")
     qt = RUNTIME.quant_type_by_name("Q4_0")
     rng = np.random.default_rng(8)
     b = backend()
