@@ -5,11 +5,11 @@ the compute dtype that weights are held in.
 With ``TESSERA_TORCH_F32_ACTIVATIONS=1`` and bf16 on the CPU, activations are float32 and
 each matmul's input is rounded to bf16 where the kernel multiplies in bf16 (the AMX tiles,
 torch's oneDNN matmuls, SDPA over a bf16 KV cache), as llama.cpp keeps float32 activations
-and converts only a matmul's input to the weight's type. The native decode kernels take float32 inputs and accumulate and return
-float32 without a rounding. Rounding every op's output to bf16 instead raised the mean KL
-divergence against float32 about sixfold on the bundled model (docs/performance.md), but
-float32 activations cost 4-18% of prefill speed on the 0.5B shape, so they are off unless
-``TESSERA_TORCH_F32_ACTIVATIONS=1``.
+and converts only a matmul's input to the weight's type; the native decode kernels take
+float32 inputs and return their float32 sums unrounded. Rounding every activation to bf16
+instead, the default, gives a mean KL divergence against float32 about six times as high
+on the bundled model (docs/performance.md); float32 activations cost 4-18% of prefill speed
+on the 0.5B shape, more than the default may cost.
 """
 
 from __future__ import annotations
