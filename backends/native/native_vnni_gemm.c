@@ -1,4 +1,4 @@
-/* Prefill matmuls of Q4_0 / Q8_0 weights with int8 dot products (AVX512-VNNI vpdpbusd),
+/* Prefill matmuls of Q4_0 / Q8_0 / Q5_0 / IQ4_NL weights with int8 dot products (AVX512-VNNI vpdpbusd),
  * for CPUs without AMX: tessera's native kernels, built with native_gemv.c into one
  * library (tessera/backends/native/library.py).
  *
@@ -13,9 +13,10 @@
  * 2 x 16 float scales, then runs all rows of x against it, 4 rows at a time (8 int32 and
  * 8 float32 accumulators).
  *
- * vpdpbusd's weight side is unsigned: Q4_0 codes are stored as they are (0..15) and Q8_0's
- * as q + 128 (q ^ 0x80); the offset o (8 or 128) comes back out of each dot product by
- * starting its int32 sum at -o * (sum of the activation block's codes). Each block's sum
+ * vpdpbusd's weight side is unsigned: Q4_0 and Q5_0 codes are stored as they are (0..15,
+ * 0..31), Q8_0's as q + 128 (q ^ 0x80) and IQ4_NL's table values as t + 128; the offset o
+ * (8, 16 or 128) comes back out of each dot product by starting its int32 sum at
+ * -o * (sum of the activation block's codes). Each block's sum
  * is exact in int32 and is scaled by (weight scale * activation scale) into float32.
  */
 #include <omp.h>
@@ -24,6 +25,7 @@
 #include <string.h>
 
 #include "native_common.h"
+#include "native_quant.h"
 
 #define VG_STRIP 32                 /* weight rows per strip: two 16-lane halves */
 #define VG_ROWS 4                   /* rows of x per pass of the micro-kernel */
@@ -55,16 +57,32 @@ static int vg_quantize(const void *x, int dtype, int64_t m, int64_t k, int offse
     return 1;
 }
 
-/* Block b's 32 codes of one weight row as unsigned bytes in value order. */
-static inline __m256i vg_codes(const uint8_t *blk, int type_size) {
-    if (type_size == 34)
+enum { VG_Q4_0 = 2, VG_Q5_0 = 6, VG_Q8_0 = 8, VG_IQ4_NL = 20 }; /* GGML type numbers */
+
+static int vg_type_size(int type) {
+    switch (type) {
+    case VG_Q4_0: case VG_IQ4_NL: return 18;
+    case VG_Q5_0: return 22;
+    case VG_Q8_0: return 34;
+    default: return 0;
+    }
+}
+
+static int vg_offset(int type) { return type == VG_Q4_0 ? 8 : type == VG_Q5_0 ? 16 : 128; }
+
+/* A block's 32 codes as unsigned bytes in value order (each block starts with its f16 scale;
+ * Q4_0 / IQ4_NL: low nibbles are values 0..15, high nibbles 16..31). */
+static inline __m256i vg_codes(const uint8_t *blk, int type) {
+    switch (type) {
+    case VG_Q8_0:
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
                                 _mm256_set1_epi8((char)0x80));
-    const __m128i packed = _mm_loadu_si128((const __m128i *)(blk + 2));
-    const __m128i low = _mm_set1_epi8(0x0F);
-    /* low nibbles are values 0..15, high nibbles 16..31 */
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low),
-                            _mm_and_si128(packed, low));
+    case VG_Q5_0: return q5_codes(blk + 2);
+    case VG_IQ4_NL:
+        return _mm256_xor_si256(_mm256_shuffle_epi8(iq4_table(), nibbles32(blk + 2)),
+                                _mm256_set1_epi8((char)0x80));
+    default: return nibbles32(blk + 2);
+    }
 }
 
 /* r[i] (16 lanes of 32 bits) -> r[i][j] moved to r[j][i]. */
@@ -98,15 +116,16 @@ static inline void vg_transpose16(__m512i r[16]) {
 /* 16 weight rows (rows[r] their first block) to the packed layout: for each block b,
  * vector p (p = 0..7) at out + b * VG_BLOCK_BYTES holds codes 4p..4p+3 of row r in lane r,
  * and scales + b * 32 the 16 rows' scales. Two blocks per transpose (lanes 0-7, 8-15). */
-static void vg_pack16(const uint8_t *const rows[16], int type_size, int64_t nb, uint8_t *out,
+static void vg_pack16(const uint8_t *const rows[16], int type, int64_t nb, uint8_t *out,
                       float *scales) {
+    const int type_size = vg_type_size(type);
     for (int64_t b = 0; b < nb; b += 2) {
         const int64_t b1 = b + 1 < nb ? b + 1 : b; /* an odd last block: transposed twice */
         __m512i r[16];
         for (int i = 0; i < 16; i++) {
             const uint8_t *p0 = rows[i] + b * type_size, *p1 = rows[i] + b1 * type_size;
-            r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(vg_codes(p0, type_size)),
-                                      vg_codes(p1, type_size), 1);
+            r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(vg_codes(p0, type)),
+                                      vg_codes(p1, type), 1);
             scales[b * 32 + i] = f16_at(p0);
             if (b1 != b) scales[b1 * 32 + i] = f16_at(p1);
         }
@@ -179,13 +198,13 @@ static inline __attribute__((always_inline)) void vg_rows(
 
 /* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
  * multiple of 16). Returns 0 for shapes or types it does not take, or out of memory. */
-static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
+static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
                    const void *x, int64_t m, void *y, int dtype, int n_threads) {
     const int64_t step = w2 ? 16 : VG_STRIP;
-    if (n % step || k % QK || m < 1 || (type_size != 18 && type_size != 34)) return 0;
-    const int64_t nb = k / QK, row_bytes = nb * type_size;
+    if (n % step || k % QK || m < 1 || !vg_type_size(type)) return 0;
+    const int64_t nb = k / QK, row_bytes = nb * vg_type_size(type);
     vg_act a;
-    int ok = vg_quantize(x, dtype, m, k, type_size == 18 ? 8 : 128, &a, n_threads);
+    int ok = vg_quantize(x, dtype, m, k, vg_offset(type), &a, n_threads);
 #pragma omp parallel num_threads(n_threads) reduction(&& : ok)
     {
         uint8_t *pack = aligned_alloc(64, (size_t)(nb * VG_BLOCK_BYTES));
@@ -200,8 +219,8 @@ static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n
                 rows[0][i] = w + (j0 + i) * row_bytes;
                 rows[1][i] = w2 ? w2 + (j0 + i) * row_bytes : w + (j0 + 16 + i) * row_bytes;
             }
-            vg_pack16(rows[0], type_size, nb, pack, scales);
-            vg_pack16(rows[1], type_size, nb, pack + 512, scales + 16);
+            vg_pack16(rows[0], type, nb, pack, scales);
+            vg_pack16(rows[1], type, nb, pack + 512, scales + 16);
             int64_t i0 = 0;
             for (; i0 + VG_ROWS <= m; i0 += VG_ROWS)
                 vg_rows(pack, scales, &a, nb, k, i0, VG_ROWS, y, n, j0, dtype, w2 != NULL);
@@ -222,21 +241,22 @@ static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n
 
 #else
 
-static int vg_gemm(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
+static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
                    const void *x, int64_t m, void *y, int dtype, int n_threads) {
-    (void)type_size, (void)w, (void)w2, (void)n, (void)k, (void)x, (void)m, (void)y;
+    (void)type, (void)w, (void)w2, (void)n, (void)k, (void)x, (void)m, (void)y;
     (void)dtype, (void)n_threads;
     return 0;
 }
 
 #endif
 
-int tsr_matmul_vnni(int type_size, const uint8_t *w, int64_t n, int64_t k, const void *x,
+/* type: the weight's GGML type number (Q4_0 2, Q5_0 6, Q8_0 8, IQ4_NL 20). */
+int tsr_matmul_vnni(int type, const uint8_t *w, int64_t n, int64_t k, const void *x,
                     int64_t m, void *y, int dtype, int n_threads) {
-    return vg_gemm(type_size, w, NULL, n, k, x, m, y, dtype, n_threads);
+    return vg_gemm(type, w, NULL, n, k, x, m, y, dtype, n_threads);
 }
 
-int tsr_swiglu_vnni(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+int tsr_swiglu_vnni(int type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                     int64_t k, const void *x, int64_t m, void *y, int dtype, int n_threads) {
-    return vg_gemm(type_size, w_gate, w_up, n, k, x, m, y, dtype, n_threads);
+    return vg_gemm(type, w_gate, w_up, n, k, x, m, y, dtype, n_threads);
 }

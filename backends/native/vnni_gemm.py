@@ -1,6 +1,7 @@
-"""Prefill matmuls of Q4_0 / Q8_0 weights with int8 dot products on CPUs without AMX:
-``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and ``tsr_swiglu_vnni`` as methods of
-:class:`VnniGemm` (a mixin of :class:`~tessera.backends.native.kernels.NativeGemv`).
+"""Prefill matmuls of Q4_0 / Q8_0 / Q5_0 / IQ4_NL weights with int8 dot products on CPUs
+without AMX: ``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and ``tsr_swiglu_vnni`` as
+methods of :class:`VnniGemm` (a mixin of
+:class:`~tessera.backends.native.kernels.NativeGemv`).
 
 The activations are quantized once per call to int8 blocks of 32 (one float scale each,
 as llama.cpp's Q8_0 activations); the fused gate/up SwiGLU quantizes them once for both
@@ -8,7 +9,8 @@ weights. :meth:`~tessera.backends.native.kernels.NativeGemv.matmul_tiles` and
 ``swiglu_tiles`` run this kernel where the AMX tiles do not serve (a CPU without AMX, or
 ``TESSERA_NATIVE_AMX_DISABLE=1``); ``TESSERA_NATIVE_VNNI_GEMM_DISABLE=1``
 (:data:`NATIVE_VNNI_GEMM_DISABLE`) turns it off, leaving those matmuls to the quant types'
-dequantize-and-matmul paths. The choice is recorded as the backend's
+dequantize-and-matmul paths (Q5_0 and IQ4_NL weights call :meth:`VnniGemm.matmul_vnni`
+themselves, ``plugins/quant/native_weight.py``). The choice is recorded as the backend's
 ``"native VNNI prefill GEMM"`` path.
 """
 
@@ -29,12 +31,14 @@ NATIVE_VNNI_GEMM_DISABLE = Switch(
 )
 #: Matmuls of at least this many rows run the int8 GEMM (fewer: the decode GEMV).
 VNNI_MIN_ROWS = 16
-#: Block bytes per 32 weights of the types the GEMM reads.
-VNNI_TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
+#: GGML type numbers of the weight types the GEMM reads (blocks of 32 with one f16 scale).
+VNNI_GGML_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "IQ4_NL": 20}
+#: Their bytes per block of 32 weights.
+VNNI_BLOCK_BYTES = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34, "IQ4_NL": 18}
 
 
 def declare_vnni_gemm(lib: Any) -> None:
-    """The C signatures: (type size, weight(s), n_out, n_in, x, rows, y, dtype, threads)."""
+    """The C signatures: (GGML type, weight(s), n_out, n_in, x, rows, y, dtype, threads)."""
     after = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     after += [ctypes.c_int, ctypes.c_int]
     lib.tsr_matmul_vnni.argtypes = [ctypes.c_int, ctypes.c_void_p] + after
@@ -78,14 +82,15 @@ class VnniGemm:
 
     def matmul_vnni(self, kind: str, ws: tuple[Any, ...], x: Any, out_dtype: Any = None) -> Any:
         """``x @ W.T`` (one weight) or ``silu(x @ W_gate.T) * (x @ W_up.T)`` (two of one
-        shape) for ``kind`` ``"Q4_0"``/``"Q8_0"`` block bytes ``(n_out, row bytes)`` and ``x``
-        a ``(T, n_in)`` CPU tensor; the result in ``out_dtype`` (default ``x``'s: bf16, f16
-        or f32). None where :meth:`vnni_serves` says no or the shapes differ."""
+        shape) for ``kind`` one of :data:`VNNI_GGML_TYPES`, block bytes ``(n_out, row
+        bytes)`` and ``x`` a ``(T, n_in)`` CPU tensor; the result in ``out_dtype`` (default
+        ``x``'s: bf16, f16 or f32). None where :meth:`vnni_serves` says no or the shapes
+        differ."""
         import torch
 
         n_out = ws[0].shape[0]
         multiple = 32 if len(ws) == 1 else 16
-        if kind not in VNNI_TYPE_SIZES or not self.vnni_serves(
+        if kind not in VNNI_GGML_TYPES or not self.vnni_serves(
             x.shape[0], n_out, x.dtype, multiple
         ):
             return None
@@ -94,31 +99,52 @@ class VnniGemm:
         if not x.is_contiguous():
             x = x.contiguous()
         n_rows, n_in = x.shape
+        row_bytes = n_in // 32 * VNNI_BLOCK_BYTES[kind]
+        if n_in % 32 or any(w.shape[1] != row_bytes or not w.is_contiguous() for w in ws):
+            raise ValueError(
+                f"{kind} weights for {n_in} inputs must be contiguous rows of {row_bytes} "
+                f"bytes, not {ws[0].shape[1]}: pass the weight's GGUF block bytes"
+            )
         out_dtype = out_dtype or x.dtype
         y = torch.empty((n_rows, n_out), dtype=out_dtype)
         if out_dtype != x.dtype:  # the kernel writes x's dtype code; f32 out: read x as f32
             x = x.to(out_dtype)
         fn = self.lib.tsr_matmul_vnni if len(ws) == 1 else self.lib.tsr_swiglu_vnni
         done = fn(
-            VNNI_TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(),
+            VNNI_GGML_TYPES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(),
             n_rows, y.data_ptr(), self._dtypes[x.dtype], self._threads(),
         )  # fmt: skip
         return y if done else None
 
 
+def random_blocks(kind: str, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n_out, row bytes)`` uint8 blocks of ``kind``: random normal weights quantized by
+    ``gguf.quants``, or (IQ4_NL, which it cannot quantize) random codes under random f16
+    scales."""
+    from gguf import GGMLQuantizationType, quants
+
+    if kind != "IQ4_NL":
+        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        return quants.quantize(w, GGMLQuantizationType[kind])
+    nb = n_in // 32
+    scales = (rng.standard_normal((n_out, nb, 1)) * 0.02).astype("<f2").view(np.uint8)
+    codes = rng.integers(0, 256, (n_out, nb, 16), dtype=np.uint8)
+    return np.concatenate([scales, codes], axis=2).reshape(n_out, nb * 18)
+
+
 def vnni_gemm_ok(native: Any) -> bool:
-    """The GEMM and its SwiGLU on random Q8_0 / Q4_0 weights (``gguf.quants``; 35 rows, 160
-    inputs: an odd block count, a ragged last group of rows) vs numpy, within the int8
+    """The GEMM and its SwiGLU on random weights of every type it reads
+    (:func:`random_blocks`; 35 rows, 160 inputs: an odd block count, a ragged last group of
+    rows) vs their ``gguf.quants`` dequantization times x in float64, within the int8
     activations' error bound and one bf16 rounding."""
     import torch
 
     from tessera.backends.native.selftest import _GgufOracle, error_bound
 
     rng = np.random.default_rng(2)
-    for name in ("Q8_0", "Q4_0"):
+    for name in VNNI_GGML_TYPES:
         oracle = _GgufOracle(name)
-        w = rng.standard_normal((2, 48, 160)).astype(np.float32)
-        raws = [torch.from_numpy(oracle.quantize(v)) for v in w]
+        raws = [torch.from_numpy(random_blocks(name, 48, 160, rng)) for _ in range(2)]
         dense = [oracle.dequantize(r.numpy()).astype(np.float64) for r in raws]
         x = torch.from_numpy(rng.standard_normal((35, 160)).astype(np.float32)).bfloat16()
         xs = x.double().numpy()

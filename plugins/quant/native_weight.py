@@ -6,8 +6,10 @@ types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M).
 Not an entry point; the quant plugins wrap their torch kernels with :func:`with_native`.
 Decode matmuls (fewer than :data:`NATIVE_MAX_ROWS` rows, :data:`AMX_MAX_ROWS` on a CPU with
 AMX) read the bytes in place with int8
-dot products; larger ones dequantize natively to the compute dtype (the numpy
-dequantization's values, rounded once) and run torch's dense matmul; no dense copy is kept,
+dot products; larger ones of Q5_0 and IQ4_NL run the int8 VNNI prefill GEMM where the AMX
+tiles are off (:mod:`~tessera.backends.native.vnni_gemm`), the others dequantize natively
+to the compute dtype (the numpy dequantization's values, rounded once) and run torch's dense
+matmul; no dense copy is kept,
 so the weight takes its file size in memory instead of 2 bytes per value.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tessera.backends.native.probe import serves
+from tessera.backends.native.vnni_gemm import VNNI_GGML_TYPES
 from tessera.contract.quant import QuantType, WeightKernel, file_bytes_tensor
 
 #: Matmuls of fewer rows run the native GEMV; from here on the weight is dequantized and
@@ -50,6 +53,10 @@ class NativeBlockWeight:
             return x.new_empty((0, self.shape[0]))
         if x.shape[0] < self.max_rows:
             return self.native.matmul(self.kind, self.raw, x)
+        if self.native_tiles(x.shape[0]) is not None:
+            y = self.native.matmul_vnni(self.kind, (self.raw,), x)
+            if y is not None:
+                return y
         # dequantized into a buffer the next weight's matmul reuses: F.linear is done with it
         return F.linear(x, self.native.dequantize_typed(self.kind, self.raw, x.dtype, scratch=True))
 
@@ -57,6 +64,17 @@ class NativeBlockWeight:
         """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the native GEMV (not
         for no rows: a pruned layer's empty matmul is the dense path's)."""
         return (self.kind, self.raw) if 0 < n_rows < self.max_rows else None
+
+    def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
+        """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the int8 VNNI prefill
+        GEMM (Q5_0, IQ4_NL where the AMX tiles are off; the backend may then fuse the gate
+        and up weights into one SwiGLU call), else None."""
+        native = self.native
+        if self.kind not in VNNI_GGML_TYPES or native.amx:
+            return None
+        return (
+            (self.kind, self.raw) if native.vnni_serves(n_rows, self.shape[0], self.dtype) else None
+        )
 
     def get_rows(self, ids: np.ndarray) -> Any:
         import torch

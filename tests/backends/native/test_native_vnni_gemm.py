@@ -1,7 +1,7 @@
-"""The int8 VNNI prefill GEMM of CPUs without AMX (``native_vnni_gemm.c``): Q8_0 / Q4_0
-weights from ``gguf.quants`` against their dequantization times x in float64, the fused
+"""The int8 VNNI prefill GEMM of CPUs without AMX (``native_vnni_gemm.c``): Q8_0 / Q4_0 /
+Q5_0 / IQ4_NL weights against their ``gguf.quants`` dequantization times x in float64, the fused
 SwiGLU, its choice (AMX first, the switch, builds without AVX512-VNNI) and its use by the
-torch backend's Q4_0 / Q8_0 weights when the AMX tiles are switched off.
+torch backend's weights of those types when the AMX tiles are switched off.
 
 Tolerance (:func:`~tessera.backends.native.selftest.error_bound`): each activation is
 rounded to an int8 block code (off by at most half a step, max|block| / 254), the integer
@@ -48,8 +48,7 @@ def _weights(kind, n_out, n_in, seed, count=1):
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
-        w = rng.standard_normal((n_out, n_in)).astype(np.float32)
-        raw = quants.quantize(w, GGMLQuantizationType[kind])
+        raw = vnni_gemm.random_blocks(kind, n_out, n_in, rng)
         out.append((torch.from_numpy(raw), quants.dequantize(raw, GGMLQuantizationType[kind])))
     return out
 
@@ -59,7 +58,7 @@ def _x(rows, n_in, dtype, seed):
     return torch.from_numpy(x).to(dtype)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(
     # the fewest rows it takes; an odd block count and a ragged last group of 4 rows; n_in
@@ -84,16 +83,23 @@ def test_matmul_matches_the_dequantized_weight(
     assert torch.equal(gemm.matmul_tiles(kind, raw, x), gemm.matmul_vnni(kind, (raw,), x))
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
 @pytest.mark.parametrize("n_out,n_in,rows", [(16, 64, 16), (48, 160, 37), (112, 896, 21)])
 def test_swiglu_is_silu_gate_times_up(gemm, kind, n_out, n_in, rows):
     (g_raw, g), (u_raw, u) = _weights(kind, n_out, n_in, seed=rows, count=2)
     x = _x(rows, n_in, torch.bfloat16, seed=rows + 1)
     xs = x.double().numpy()
     got = gemm.swiglu_tiles(kind, g_raw, u_raw, x).double().numpy()
-    want = xs @ g.T / (1 + np.exp(-(xs @ g.T))) * (xs @ u.T)
+    assert_swiglu_close(got, xs, g, u)
+
+
+def assert_swiglu_close(got, xs, g, u):
+    """silu(x g^T) * (x u^T) within the int8 activations' error of each product (|silu'| <=
+    1.1, |silu(a)| <= |a|) and one bf16 rounding."""
+    gate, up = xs @ g.T, xs @ u.T
+    want = gate / (1 + np.exp(-gate)) * up
     eg, eu = error_bound(g, xs), error_bound(u, xs)
-    bound = 1.1 * eg * np.abs(xs @ u.T) + eu * np.abs(xs @ g.T) + 1.1 * eg * eu
+    bound = 1.1 * eg * np.abs(up) + eu * np.abs(gate) + 1.1 * eg * eu
     assert np.all(np.abs(got - want) <= bound + 2.0**-8 * np.abs(want) + 1e-6)
 
 
@@ -103,7 +109,11 @@ def test_shapes_it_does_not_take_are_none(gemm):
     ((raw, _),) = _weights("Q4_0", 32, 64, seed=1)
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(15, 64, torch.bfloat16, 1)) is None  # rows
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.float32, 1)) is None  # dtype
-    assert gemm.matmul_vnni("Q5_0", (raw,), _x(16, 64, torch.bfloat16, 1)) is None
+    assert gemm.matmul_vnni("Q5_1", (raw,), _x(16, 64, torch.bfloat16, 1)) is None
+    with pytest.raises(
+        ValueError, match="Q5_0 weights for 64 inputs must be contiguous rows of 44"
+    ):
+        gemm.matmul_vnni("Q5_0", (raw,), _x(16, 64, torch.bfloat16, 1))  # Q4_0's bytes
     assert vnni_gemm.vnni_gemm_ok(gemm)
 
 
@@ -154,9 +164,11 @@ def _spy(monkeypatch, calls):
     monkeypatch.setattr(kernels.NativeGemv, "matmul_vnni", spy)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+@pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
 def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
     monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    # bf16 activations: the backend's fused SwiGLU passes them to the tiles' methods as they are
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "0")
     b = _backend()
     qt = RUNTIME.quant_type_by_name(kind)
     (raw, dense), (raw_up, dense_up) = _weights(kind, 64, 160, seed=4, count=2)
@@ -175,7 +187,8 @@ def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
     calls.clear()
     ws[0].matmul(x[:8])  # decode rows: the GEMV
     assert calls == []
-    if kind == "Q4_0":  # its weight offers the fused SwiGLU (Q8_0's: the AMX tiles only)
+    if kind != "Q8_0":  # these weights offer the fused SwiGLU (Q8_0's: the AMX tiles only)
         y = b.gate_up_swiglu(x, *ws)
-        assert calls == [(kind, 2, 40)] and y.shape == (40, 64)
+        assert calls == [(kind, 2, 40)]
+        assert_swiglu_close(y.double().numpy(), xs, dense, dense_up)
         assert b.paths["native VNNI prefill GEMM"].path == "on"
