@@ -43,7 +43,8 @@ SOURCES = tuple(
     + ("native_attention.c", "native_qgemv_portable.c", "native_isa.c", "native_qdot_iq.c")
     + ("native_q4_0_x4.c", "native_vnni_gemm.c")
 )
-HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_iq.h")
+HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_iq.h",
+           _HERE / "native_transpose.h")  # fmt: skip
 NATIVE_AMX_DISABLE = Switch(
     "TESSERA_NATIVE_AMX_DISABLE",
     "Q4_0/Q8_0 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off the AMX "

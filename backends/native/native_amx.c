@@ -26,6 +26,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "native_transpose.h"
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && \
     defined(__AVX512BW__)
 #define TSR_AMX 1
@@ -103,33 +105,6 @@ static inline __m512i q8_0_pairs(const uint8_t *blk) {
                     _mm512_mul_ps(_mm512_cvtepi32_ps(q1), d));
 }
 
-/* r[i] (16 lanes of 32 bits each) -> r[i][j] moved to r[j][i]. */
-static inline void transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* now r[4a + b] holds, in 128-bit lane L, row 4a..4a+3's element 4L + b */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0xdd);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0xdd);
-    }
-}
 
 /* The W tiles of a strip for every 32 inputs: tiles[2 * kb + h] holds the 16 weight rows
  * (output columns) starting at half[h], input block kb, as rows of input pairs. */
@@ -143,7 +118,7 @@ static void dequantize_strip(const uint8_t *const half[2], int64_t row_bytes, in
                 r[j] = type_size == 18   ? q4_0_pairs(blk)
                        : type_size == 34 ? q8_0_pairs(blk)
                                          : bf16_pairs(blk);
-            transpose16(r);
+            transpose16_epi32(r);
             __m512i *tile = (__m512i *)(tiles + (2 * kb + h) * TILE_BYTES);
             for (int p = 0; p < 16; p++) _mm512_store_si512(tile + p, r[p]);
         }

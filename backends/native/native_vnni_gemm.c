@@ -26,6 +26,7 @@
 
 #include "native_common.h"
 #include "native_quant.h"
+#include "native_transpose.h"
 
 #define VG_STRIP 32                 /* weight rows per strip: two 16-lane halves */
 #define VG_ROWS 4                   /* rows of x per pass of the micro-kernel */
@@ -85,33 +86,6 @@ static inline __m256i vg_codes(const uint8_t *blk, int type) {
     }
 }
 
-/* r[i] (16 lanes of 32 bits) -> r[i][j] moved to r[j][i]. */
-static inline void vg_transpose16(__m512i r[16]) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int i = 0; i < 16; i += 4) {
-        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-    }
-    /* r[4a + b] now holds, in 128-bit lane L, rows 4L..4L+3's element 4a + b */
-    for (int i = 0; i < 4; i++) {
-        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
-        t[i + 4] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
-        t[i + 8] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
-        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
-    }
-    for (int i = 0; i < 4; i++) {
-        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0x88);
-        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 4], 0xdd);
-        r[i + 4] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0x88);
-        r[i + 12] = _mm512_shuffle_i32x4(t[i + 8], t[i + 12], 0xdd);
-    }
-}
 
 /* 16 weight rows (rows[r] their first block) to the packed layout: for each block b,
  * vector p (p = 0..7) at out + b * VG_BLOCK_BYTES holds codes 4p..4p+3 of row r in lane r,
@@ -129,7 +103,7 @@ static void vg_pack16(const uint8_t *const rows[16], int type, int64_t nb, uint8
             scales[b * 32 + i] = f16_at(p0);
             if (b1 != b) scales[b1 * 32 + i] = f16_at(p1);
         }
-        vg_transpose16(r);
+        transpose16_epi32(r);
         for (int p = 0; p < 8; p++) {
             _mm512_store_si512((__m512i *)(out + b * VG_BLOCK_BYTES + p * 64), r[p]);
             if (b1 != b) _mm512_store_si512((__m512i *)(out + b1 * VG_BLOCK_BYTES + p * 64), r[p + 8]);
