@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from block_checks import ACTIVATIONS, assert_block_equals_ops
+from gguf_checks import int8_activations, with_threads  # a sibling module
 
 from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.typed_gemv import GGML_TYPES, GRID_TYPES
@@ -51,25 +52,6 @@ def quantized(kind, n_out, n_in, seed=0):
         values[2] *= np.float32(1e-3)
     raw = qt.quantize_tensor(values).reshape(n_out, -1)
     return raw, qt.dequantize(raw).astype(np.float64)
-
-
-def int8_activations(x):
-    """x rounded as the kernels do (float32 steps, round half to even), as float64."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    amax = np.abs(blocks).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    d = (amax / np.float32(127)).astype(np.float32)
-    return (np.rint(blocks * inv).astype(np.float64) * d).reshape(x.shape)
-
-
-def with_threads(n, fn):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("kind", KINDS)

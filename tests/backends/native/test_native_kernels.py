@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from block_checks import ACTIVATIONS, assert_block_equals_ops
+from gguf_checks import int8_activations  # a sibling module
 
 from tessera.backends.native import kernels, library, selftest, vnni_gemm
 from tessera.backends.native import probe as native_probe
@@ -101,17 +102,6 @@ def test_the_256_bit_path_of_avx_vnni_cpus(native, tmp_path, monkeypatch):
         got = narrow.matmul(name, torch.from_numpy(raw), x).numpy()
         want = native.matmul(name, torch.from_numpy(raw), x).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-def int8_activations(x):
-    """x rounded as the kernel does (float32 steps, round half to even), as float64."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    amax = np.abs(blocks).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(blocks * inv)
-    d = (amax / np.float32(127)).astype(np.float32)
-    return (q.astype(np.float64) * d).reshape(x.shape)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from gguf_checks import int8_activations, with_threads  # a sibling module
 
 from tessera.backends.native import iq_tables, library, selftest
 from tessera.backends.native.portable_gemv import PORTABLE_TYPES
@@ -35,25 +36,6 @@ def random_blocks(kind, n_out, n_in, rng):
         scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype("<f2")
         blocks[:, :, at : at + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
     return raw
-
-
-def int8_activations(x):
-    """x rounded as the kernels do (float32 steps, round half to even), as float64."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    amax = np.abs(blocks).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    d = (amax / np.float32(127)).astype(np.float32)
-    return (np.rint(blocks * inv).astype(np.float64) * d).reshape(x.shape)
-
-
-def with_threads(n, fn):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("kind", KINDS)

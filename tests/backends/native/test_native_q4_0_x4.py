@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf_checks import with_threads  # a sibling module
 
 from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.q4_0_x4 import KIND, layout_choice
@@ -43,15 +44,6 @@ def random_q4_0(n_out, n_in, rng):
     blocks[0, 0, 2:] = np.arange(16, dtype=np.uint8) * 17
     blocks[-1, -1] = 0
     return raw
-
-
-def with_threads(n, fn):
-    saved = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
