@@ -44,6 +44,8 @@ from tessera.switches import Choice
 AMX_MIN_ROWS = 16
 #: Block bytes per 32 weights of the types native_gemv.c reads.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
+#: Bytes per 32 weights of each weight kind the AMX tiles read (BF16: 32 values as stored).
+TILE_TYPE_SIZES = {**TYPE_SIZES, "BF16": 64}
 #: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes, and the
 #: 4-row Q4_0 layout's code.
 BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, KIND: BLOCK_TYPE, **GGML_TYPES, **DENSE_TYPES}
@@ -187,7 +189,17 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv, Vn
             return self.matmul_vnni(kind, (w_gate, w_up), x)
         return self._tiles(self.lib.tsr_swiglu_amx, kind, (w_gate, w_up), x, 16)
 
-    def _tiles(self, fn: Any, kind: str, ws: tuple[Any, ...], x: Any, multiple: int = 32) -> Any:
+    def _tiles(
+        self,
+        fn: Any,
+        kind: str,
+        ws: tuple[Any, ...],
+        x: Any,
+        multiple: int = 32,
+        out_dtype: Any = None,
+    ) -> Any:
+        """``fn`` (one of native_amx.c's entry points) on ``ws``: the output in ``out_dtype``
+        (default ``x``'s), None where :meth:`tiles_serve` says no or the kernel declines."""
         import torch
 
         n_out = ws[0].shape[0]
@@ -202,9 +214,9 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv, Vn
             # kept between calls: layers ask for the same few sizes (at most ~1 MiB)
             self._amx_scratch = torch.empty(need, dtype=torch.uint8)
         aligned = -self._amx_scratch.data_ptr() % 64
-        y = self._empty((n_rows, n_out), dtype=x.dtype)
+        y = self._empty((n_rows, n_out), dtype=out_dtype or x.dtype)
         done = fn(
-            TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
+            TILE_TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
             y.data_ptr(), self._amx_scratch.data_ptr() + aligned, threads,
         )  # fmt: skip
         return y if done else None
