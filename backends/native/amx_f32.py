@@ -7,23 +7,9 @@ products summed in float32 and returned unrounded (``tsr_matmul_amx_f32`` and
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from tessera.backends.native.kernels import TILE_TYPE_SIZES
-
-
-def _declare(lib: Any) -> None:
-    """The two entry points' C signatures, set once per library."""
-    if getattr(lib, "_amx_f32_declared", False):
-        return
-    # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
-    after = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-    after += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    lib.tsr_matmul_amx_f32.argtypes = [ctypes.c_int, ctypes.c_void_p] + after
-    lib.tsr_swiglu_amx_f32.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after
-    lib.tsr_matmul_amx_f32.restype = lib.tsr_swiglu_amx_f32.restype = ctypes.c_int
-    lib._amx_f32_declared = True
 
 
 def tiles_f32(native: Any, kind: str, ws: tuple[Any, ...], x: Any, out_f32: bool = True) -> Any:
@@ -38,7 +24,6 @@ def tiles_f32(native: Any, kind: str, ws: tuple[Any, ...], x: Any, out_f32: bool
         return None
     if kind == "BF16" and not all(w.dtype == torch.bfloat16 and w.is_contiguous() for w in ws):
         return None
-    _declare(native.lib)
     lib = native.lib
     if out_f32:
         fn = lib.tsr_matmul_amx_f32 if len(ws) == 1 else lib.tsr_swiglu_amx_f32

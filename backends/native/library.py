@@ -221,9 +221,14 @@ def load(path: Path) -> NativeGemv:
     # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    lib.tsr_matmul_amx.argtypes = [ctypes.c_int, ctypes.c_void_p] + after_weights
-    lib.tsr_swiglu_amx.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
-    lib.tsr_matmul_amx.restype = lib.tsr_swiglu_amx.restype = ctypes.c_int
+    for suffix in ("", "_f32"):  # y bf16 or float32 (float32 activations)
+        matmul, swiglu = (
+            getattr(lib, f"tsr_matmul_amx{suffix}"),
+            getattr(lib, f"tsr_swiglu_amx{suffix}"),
+        )
+        matmul.argtypes = [ctypes.c_int, ctypes.c_void_p] + after_weights
+        swiglu.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after_weights
+        matmul.restype = swiglu.restype = ctypes.c_int
     native = NativeGemv(lib, path)
     native.isa = lib.tsr_native_isa()
 
