@@ -32,6 +32,11 @@ NATIVE_DENSE_DISABLE = Switch(
     f"matmul at every row count instead of the native GEMV below {NATIVE_DENSE_MAX_ROWS} rows",
     OFF,
 )
+NATIVE_CONVERT_DISABLE = Switch(
+    "TESSERA_NATIVE_CONVERT_DISABLE",
+    "F16 weights are converted to bf16 at load by torch's cast instead of the native one",
+    OFF,
+)
 #: What ``tsr_dense_path()`` answers: the instructions this build multiplies with.
 DENSE_PATHS = {2: "AVX512-BF16 vdpbf16ps", 1: "AVX512F", 0: "AVX2 + F16C"}
 
@@ -42,6 +47,8 @@ def declare_dense(lib: Any) -> None:
     args += [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.tsr_gemv_dense.argtypes, lib.tsr_gemv_dense.restype = args, ctypes.c_int
     lib.tsr_dense_path.argtypes, lib.tsr_dense_path.restype = [], ctypes.c_int
+    args = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    lib.tsr_f16_to_bf16.argtypes, lib.tsr_f16_to_bf16.restype = args, None
 
 
 class DenseGemv:
@@ -83,3 +90,13 @@ class DenseGemv:
         if not done:
             raise MemoryError(f"the native {kind} matmul could not run on {n} weights")
         return y
+
+    def f16_to_bf16(self, values: Any) -> Any:
+        """The float16 tensor ``values`` (contiguous, CPU) as a new bfloat16 tensor of its
+        shape: each value widened to float32 and rounded once to nearest even, torch's cast
+        bit for bit except that a NaN keeps its sign and payload (quieted, as ggml does)."""
+        import torch
+
+        out = self._empty(values.shape, dtype=torch.bfloat16)
+        self.lib.tsr_f16_to_bf16(values.data_ptr(), out.data_ptr(), values.numel(), self._threads())
+        return out

@@ -50,3 +50,20 @@ def dense_ok(native: Any, seed: int = 0) -> bool:
                 if got.shape != want.shape or not np.all(np.abs(got - want) <= bound):
                     return False
     return True
+
+
+def convert_ok(native: Any) -> bool:
+    """``f16_to_bf16`` on every float16 bit pattern (a length off the vector widths, so the
+    scalar tail runs too): torch's cast bit for bit, and each NaN a NaN of its sign."""
+    import torch
+
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    values = torch.cat([bits, bits[:13]]).view(torch.float16)
+    got, want = native.f16_to_bf16(values), values.to(torch.bfloat16)
+    nan = torch.isnan(values)
+    same = torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+    return (
+        same
+        and bool(torch.isnan(got[nan]).all())
+        and torch.equal(torch.signbit(got[nan]), torch.signbit(values[nan]))
+    )

@@ -210,4 +210,51 @@ int tsr_gemv_dense(int ggml_type, int n_w, const uint8_t *const *ws, const int64
     return 1;
 }
 
+/* bf16 bits of a float32, rounded to nearest even; a NaN stays a NaN (quiet), as ggml's
+ * ggml_compute_fp32_to_bf16 and vcvtne2ps2bf16 give. */
+static inline uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* F16 values to bf16, each widened to float32 (exact) and rounded once to nearest even:
+ * what torch's cast gives for every value but NaN (kept quiet NaN with its sign, where
+ * torch writes 0x7fc0). The threads take 64 Ki-value runs, so each streams its own part
+ * of the source and the destination. Load-time conversion of F16 files for bf16 compute:
+ * torch's cast ran at ~4 ns per value and thread, this at memory speed. */
+void tsr_f16_to_bf16(const uint16_t *src, uint16_t *dst, int64_t n, int n_threads) {
+    const int64_t run = 65536, n_runs = (n + run - 1) / run;
+#pragma omp parallel for schedule(static) num_threads(n_threads) if (n_threads > 1 && n_runs > 1)
+    for (int64_t c = 0; c < n_runs; c++) {
+        int64_t i = c * run;
+        const int64_t end = i + run < n ? i + run : n;
+#if DENSE_DPBF16
+        for (; i + 32 <= end; i += 32) {
+            const __m512 lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)));
+            const __m512 hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i + 16)));
+            _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+#else
+        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+        const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+        for (; i + 8 <= end; i += 8) {
+            const __m256i u = _mm256_castps_si256(
+                _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+            const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+            __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, bias), lsb), 16);
+            const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+            const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(64));
+            r = _mm256_blendv_epi8(r, quiet, nan);
+            /* eight 32-bit lanes to eight 16-bit values (each fits: no saturation) */
+            const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r),
+                                                    _mm256_extracti128_si256(r, 1));
+            _mm_storeu_si128((__m128i *)(dst + i), packed);
+        }
+#endif
+        for (; i < end; i++) dst[i] = bf16_bits(_cvtsh_ss(src[i]));
+    }
+}
+
 #endif

@@ -7,7 +7,8 @@ multiplies directly: the backend converts it once to its compute dtype when load
 torch CPU backend the weight kernel here takes an F16/BF16 matrix from the file's bytes:
 in the compute dtype itself as a tensor over those bytes (no copy, nothing converted at
 load; its decode matmuls read them through the native dense GEMV), in another dtype
-converted once in torch, without numpy's float32 copy.
+converted once (F16 to bf16 by the native kernels where they pass their self-test, else in
+torch), without numpy's float32 copy.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def in_place_kernel(name: str) -> WeightKernel:
         values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
         if backend.dtype == IN_PLACE_DTYPES[name]:
             return values
+        if name == "F16" and backend.dtype == "bf16":
+            from tessera.backends.torch.dense_native import f16_to_bf16
+
+            return f16_to_bf16(backend, values)
         return values.to(backend.torch_dtype)
 
     description = "the file's 16-bit values in place (or converted once in torch)"

@@ -82,7 +82,10 @@ class TorchQ8_0Weight:
         # int8 (n_out, n_blocks, 32): on the device, or with the int4 pair a CPU view of
         # the file's bytes (memory-mapped: no second copy in RAM) for prefill and get_rows
         self.codes = codes
-        self.scales = scales  # compute dtype (n_out, n_blocks, 1) on the device
+        # compute dtype (n_out, n_blocks, 1) on the device; None with the native kernels,
+        # which read the file's scales in place: made on first use (a 0.5B model's took
+        # ~0.16 s of its start-up)
+        self._scales = scales
         self.dtype = dtype
         self.int4 = int4  # (mm, (packed_hi, sz_hi), (packed_lo, sz_lo)) or None
         self.dense_min_rows = dense_min_rows
@@ -90,6 +93,13 @@ class TorchQ8_0Weight:
         self.native = native
         n_out, n_blocks, _ = codes.shape
         self.shape = (n_out, n_blocks * BLOCK_SIZE)
+
+    @property
+    def scales(self) -> Any:
+        """Every block's scale in the compute dtype, ``(n_out, n_blocks, 1)``."""
+        if self._scales is None:
+            self._scales = _file_scales(self.native[1], self.dtype)
+        return self._scales
 
     def _dense(self, codes: Any, scales: Any) -> Any:
         return (codes.to(device=scales.device, dtype=self.dtype) * scales).flatten(-2)
@@ -132,7 +142,18 @@ class TorchQ8_0Weight:
 
         index = torch.from_numpy(np.asarray(ids, dtype=np.int64))
         codes = self.codes[index.to(self.codes.device)]
-        return self._dense(codes, self.scales[index.to(self.scales.device)])
+        if self._scales is None:  # the rows' own scales, from the file's bytes
+            return self._dense(codes, _file_scales(self.native[1][index], self.dtype))
+        return self._dense(codes, self._scales[index.to(self._scales.device)])
+
+
+def _file_scales(rows: Any, dtype: Any) -> Any:
+    """The block scales of Q8_0 block bytes ``rows`` (uint8 ``(n, row bytes)``) in ``dtype``,
+    ``(n, n_blocks, 1)``."""
+    import torch
+
+    blocks = rows.view(rows.shape[0], -1, TYPE_SIZE)
+    return blocks[..., :2].contiguous().view(torch.float16).to(dtype)
 
 
 def split_int4(q: np.ndarray, d: np.ndarray) -> tuple[tuple[np.ndarray, ...], ...]:
@@ -175,9 +196,7 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
 
     n_out = raw.shape[0]
     blocks = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(n_out, -1, TYPE_SIZE)
-    d = blocks[..., :2].copy().view("<f2")  # (n_out, n_blocks, 1)
     device, dtype = backend.torch_device, backend.torch_dtype
-    scales = torch.from_numpy(d).to(device=device, dtype=dtype)
     rows = choose_dense_rows(backend) if min_rows is None else None  # (probes pass their own)
     min_rows = rows.path if rows is not None else min_rows
     native = native_probe(backend) if device.type == "cpu" else None
@@ -185,7 +204,9 @@ def load_torch(backend: Any, raw: Any, min_rows: float | None = None) -> TorchQ8
     codes = in_file[..., 2:].view(torch.int8)
     if native is not None:  # decode reads the file's bytes in place; prefill dequantizes
         raw_rows = in_file.view(n_out, -1)
-        return TorchQ8_0Weight(codes, scales, dtype, None, min_rows, (native, raw_rows))
+        return TorchQ8_0Weight(codes, None, dtype, None, min_rows, (native, raw_rows))
+    d = blocks[..., :2].copy().view("<f2")  # (n_out, n_blocks, 1)
+    scales = torch.from_numpy(d).to(device=device, dtype=dtype)
     if rows is not None:  # the int4 pair serves decode where it is made: say when
         backend.record_path("Q8_0 dense rows", rows)
     ops = int4_ops(device.type)

@@ -83,6 +83,19 @@ def test_no_rows_give_an_empty_output(native):
     assert y.shape == (0, 8) and y.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [0, 5, 31, 65536 * 3 + 17])
+def test_f16_to_bf16_is_torchs_cast(native, threads, n, monkeypatch):
+    """Lengths off the vector widths and across the threads' 64 Ki-value runs; the
+    self-test covers every bit pattern (NaNs: a NaN of the same sign)."""
+    monkeypatch.setattr(native, "_threads", lambda: threads)
+    values = (torch.randn(n) * 1000).half()
+    got = native.f16_to_bf16(values)
+    assert got.dtype == torch.bfloat16 and got.shape == values.shape
+    assert torch.equal(got.view(torch.int16), values.to(torch.bfloat16).view(torch.int16))
+    assert dense_selftest.convert_ok(native)
+
+
 def test_file_bytes_are_read_as_the_16_bit_values(native):
     """uint8 rows of the file (``(n_out, 2 n_in)``) give the same result as the tensor of
     their values."""
@@ -109,6 +122,7 @@ def test_each_cpu_path_forced_by_its_flags(native, tmp_path, monkeypatch, flags,
     assert lib.lib.tsr_dense_path() == path
     assert lib.dense_path() == dense_gemv.DENSE_PATHS[path]
     assert dense_selftest.dense_ok(lib, seed=5)
+    assert dense_selftest.convert_ok(lib)
     for kind in W_DTYPES:
         for x_dtype in (torch.float32, torch.bfloat16):
             check(lib, kind, 37, 200, 5, x_dtype, seed=6)
@@ -159,13 +173,14 @@ def test_a_bf16_file_in_bf16_is_its_bytes_and_decodes_natively(native, monkeypat
 
 
 def test_f16_files_in_bf16_decode_on_the_bf16_copy(native, monkeypatch):
-    """An F16 weight in a bf16 backend is converted at load (in torch, by the F16 kernel)
+    """An F16 weight in a bf16 backend is converted at load (natively, by the F16 kernel)
     and its decode matmuls take the GEMV on that copy; in an f16 backend it stays the
     file's bytes."""
     raw, qt, _ = raw_tensor("F16")
     b = backend()
     w = b.load_weight(raw, qt)
     assert w.dtype == torch.bfloat16 and b.placements[-1][1] == "kernel F16"
+    assert b.paths["F16 weights to bf16"].path == "native"
     assert w.data_ptr() != raw.data.ctypes.data
     h = backend("f16")
     wh = h.load_weight(raw, qt)

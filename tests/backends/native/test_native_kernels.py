@@ -178,6 +178,29 @@ def test_q4_0_rows_of_a_table_are_the_same_with_and_without_native(native, monke
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_q8_0_rows_and_dense_weight_from_the_files_scales(native, dtype, monkeypatch):
+    """With the native kernels a Q8_0 weight reads its scales from the file's bytes when it
+    needs them (not at load): rows of a table and the dense weight of a prefill matmul are
+    those of the torch path, whose scales are made at load, bit for bit."""
+    rng = np.random.default_rng(14)
+    qt = RUNTIME.quant_type_by_name("Q8_0")
+    raw = RawTensor("t", qt.ggml_type, (50, 96), weight_bytes("Q8_0", 50, 96, rng))
+    ids = np.array([0, 7, 49, 7])
+    with_native = backend(dtype).load_weight(raw, qt)
+    assert with_native.native is not None and with_native._scales is None
+    monkeypatch.setenv("TESSERA_NATIVE_DISABLE", "1")
+    without = backend(dtype).load_weight(raw, qt)
+    assert without.native is None and without._scales is not None
+    assert torch.equal(with_native.get_rows(ids), without.get_rows(ids))
+    assert with_native._scales is None  # the rows read only their own scales
+    assert torch.equal(with_native.scales, without.scales)
+    dense = with_native._dense(with_native.codes, with_native.scales)
+    assert torch.equal(dense, without._dense(without.codes, without.scales))
+    want = qt.dequantize_tensor(raw.data, raw.shape)
+    np.testing.assert_allclose(dense.float().numpy(), want, rtol=2.0**-7, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_rms_norm_runs_natively_and_matches_numpy(native, dtype, threads, monkeypatch):
     """The native RMSNorm (float32 statistics; rows split over the threads from 65536

@@ -34,7 +34,10 @@ def raw_weight(kind, shape=(16, 64)):
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 # a small matrix and one of two million values (odd rows and columns)
 @pytest.mark.parametrize("shape", [(16, 64), (1031, 2053)])
-def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape):
+# F16 to bf16: the native conversion where the kernels load, and torch's cast
+@pytest.mark.parametrize("native_convert", ["on", "off"])
+def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape, native_convert, monkeypatch):
+    monkeypatch.setenv("TESSERA_NATIVE_CONVERT_DISABLE", "1" if native_convert == "off" else "0")
     raw = raw_weight(kind, shape)
     qt = RUNTIME.quant_type_by_name(kind)
     b = backend(dtype)
@@ -49,6 +52,10 @@ def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape):
     assert torch.equal(w.view(bits)[~nan], want.view(bits)[~nan])
     in_place = {"F16": "f16", "BF16": "bf16"}[kind] == dtype
     assert (w.data_ptr() == raw.data.ctypes.data) == in_place
+    if (kind, dtype) == ("F16", "bf16"):
+        path = b.paths["F16 weights to bf16"].path
+        native = b._native() is not None
+        assert path == ("native" if native and native_convert == "on" else "torch")
 
 
 @pytest.mark.parametrize("kind", ["F16", "BF16"])
