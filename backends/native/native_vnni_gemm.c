@@ -171,14 +171,15 @@ static inline __attribute__((always_inline)) void vg_rows(
 }
 
 /* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
- * multiple of 16). Returns 0 for shapes or types it does not take, or out of memory. */
+ * multiple of 16), x read in x_dtype and y written in y_dtype. Returns 0 for shapes or
+ * types it does not take, or out of memory. */
 static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
-                   const void *x, int64_t m, void *y, int dtype, int n_threads) {
+                   const void *x, int64_t m, void *y, int x_dtype, int y_dtype, int n_threads) {
     const int64_t step = w2 ? 16 : VG_STRIP;
     if (n % step || k % QK || m < 1 || !vg_type_size(type)) return 0;
     const int64_t nb = k / QK, row_bytes = nb * vg_type_size(type);
     vg_act a;
-    int ok = vg_quantize(x, dtype, m, k, vg_offset(type), &a, n_threads);
+    int ok = vg_quantize(x, x_dtype, m, k, vg_offset(type), &a, n_threads);
 #pragma omp parallel num_threads(n_threads) reduction(&& : ok)
     {
         uint8_t *pack = aligned_alloc(64, (size_t)(nb * VG_BLOCK_BYTES));
@@ -197,11 +198,11 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
             vg_pack16(rows[1], type, nb, pack + 512, scales + 16);
             int64_t i0 = 0;
             for (; i0 + VG_ROWS <= m; i0 += VG_ROWS)
-                vg_rows(pack, scales, &a, nb, k, i0, VG_ROWS, y, n, j0, dtype, w2 != NULL);
+                vg_rows(pack, scales, &a, nb, k, i0, VG_ROWS, y, n, j0, y_dtype, w2 != NULL);
             switch (m - i0) {
-            case 3: vg_rows(pack, scales, &a, nb, k, i0, 3, y, n, j0, dtype, w2 != NULL); break;
-            case 2: vg_rows(pack, scales, &a, nb, k, i0, 2, y, n, j0, dtype, w2 != NULL); break;
-            case 1: vg_rows(pack, scales, &a, nb, k, i0, 1, y, n, j0, dtype, w2 != NULL); break;
+            case 3: vg_rows(pack, scales, &a, nb, k, i0, 3, y, n, j0, y_dtype, w2 != NULL); break;
+            case 2: vg_rows(pack, scales, &a, nb, k, i0, 2, y, n, j0, y_dtype, w2 != NULL); break;
+            case 1: vg_rows(pack, scales, &a, nb, k, i0, 1, y, n, j0, y_dtype, w2 != NULL); break;
             }
         }
         free(pack);
@@ -216,9 +217,9 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
 #else
 
 static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int64_t k,
-                   const void *x, int64_t m, void *y, int dtype, int n_threads) {
+                   const void *x, int64_t m, void *y, int x_dtype, int y_dtype, int n_threads) {
     (void)type, (void)w, (void)w2, (void)n, (void)k, (void)x, (void)m, (void)y;
-    (void)dtype, (void)n_threads;
+    (void)x_dtype, (void)y_dtype, (void)n_threads;
     return 0;
 }
 
@@ -226,11 +227,12 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
 
 /* type: the weight's GGML type number (Q4_0 2, Q5_0 6, Q8_0 8, IQ4_NL 20). */
 int tsr_matmul_vnni(int type, const uint8_t *w, int64_t n, int64_t k, const void *x,
-                    int64_t m, void *y, int dtype, int n_threads) {
-    return vg_gemm(type, w, NULL, n, k, x, m, y, dtype, n_threads);
+                    int64_t m, void *y, int x_dtype, int y_dtype, int n_threads) {
+    return vg_gemm(type, w, NULL, n, k, x, m, y, x_dtype, y_dtype, n_threads);
 }
 
 int tsr_swiglu_vnni(int type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
-                    int64_t k, const void *x, int64_t m, void *y, int dtype, int n_threads) {
-    return vg_gemm(type, w_gate, w_up, n, k, x, m, y, dtype, n_threads);
+                    int64_t k, const void *x, int64_t m, void *y, int x_dtype, int y_dtype,
+                    int n_threads) {
+    return vg_gemm(type, w_gate, w_up, n, k, x, m, y, x_dtype, y_dtype, n_threads);
 }

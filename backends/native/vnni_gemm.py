@@ -38,9 +38,10 @@ VNNI_BLOCK_BYTES = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34, "IQ4_NL": 18}
 
 
 def declare_vnni_gemm(lib: Any) -> None:
-    """The C signatures: (GGML type, weight(s), n_out, n_in, x, rows, y, dtype, threads)."""
+    """The C signatures: (GGML type, weight(s), n_out, n_in, x, rows, y, x's dtype, y's
+    dtype, threads)."""
     after = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    after += [ctypes.c_int, ctypes.c_int]
+    after += [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.tsr_matmul_vnni.argtypes = [ctypes.c_int, ctypes.c_void_p] + after
     lib.tsr_swiglu_vnni.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + after
     lib.tsr_matmul_vnni.restype = lib.tsr_swiglu_vnni.restype = ctypes.c_int
@@ -80,18 +81,26 @@ class VnniGemm:
         ok = self.vnni_gemm and n_rows >= VNNI_MIN_ROWS and n_out % multiple == 0
         return ok and dtype in (torch.bfloat16, torch.float16)
 
-    def matmul_vnni(self, kind: str, ws: tuple[Any, ...], x: Any, out_dtype: Any = None) -> Any:
+    def matmul_vnni(
+        self,
+        kind: str,
+        ws: tuple[Any, ...],
+        x: Any,
+        out_dtype: Any = None,
+        compute_dtype: Any = None,
+    ) -> Any:
         """``x @ W.T`` (one weight) or ``silu(x @ W_gate.T) * (x @ W_up.T)`` (two of one
         shape) for ``kind`` one of :data:`VNNI_GGML_TYPES`, block bytes ``(n_out, row
         bytes)`` and ``x`` a ``(T, n_in)`` CPU tensor; the result in ``out_dtype`` (default
-        ``x``'s: bf16, f16 or f32). None where :meth:`vnni_serves` says no or the shapes
-        differ."""
+        ``x``'s: bf16, f16 or f32). None where :meth:`vnni_serves` says no for the backend's
+        ``compute_dtype`` (default ``x``'s; bf16 for float32 activations beside bf16
+        weights) or the shapes differ."""
         import torch
 
         n_out = ws[0].shape[0]
         multiple = 32 if len(ws) == 1 else 16
         if kind not in VNNI_GGML_TYPES or not self.vnni_serves(
-            x.shape[0], n_out, x.dtype, multiple
+            x.shape[0], n_out, compute_dtype or x.dtype, multiple
         ):
             return None
         if len(ws) == 2 and ws[0].shape != ws[1].shape:
@@ -107,12 +116,10 @@ class VnniGemm:
             )
         out_dtype = out_dtype or x.dtype
         y = torch.empty((n_rows, n_out), dtype=out_dtype)
-        if out_dtype != x.dtype:  # the kernel writes x's dtype code; f32 out: read x as f32
-            x = x.to(out_dtype)
         fn = self.lib.tsr_matmul_vnni if len(ws) == 1 else self.lib.tsr_swiglu_vnni
         done = fn(
             VNNI_GGML_TYPES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(),
-            n_rows, y.data_ptr(), self._dtypes[x.dtype], self._threads(),
+            n_rows, y.data_ptr(), self._dtypes[x.dtype], self._dtypes[out_dtype], self._threads(),
         )  # fmt: skip
         return y if done else None
 

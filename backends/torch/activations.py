@@ -2,14 +2,14 @@
 (residual stream, norm outputs, attention and FFN outputs, logits), which may differ from
 the compute dtype that weights are held in.
 
-With ``TESSERA_TORCH_F32_ACTIVATIONS=1`` and bf16 on the CPU, activations are float32 and
-each matmul's input is rounded to bf16 where the kernel multiplies in bf16 (the AMX tiles,
-torch's oneDNN matmuls, SDPA over a bf16 KV cache), as llama.cpp keeps float32 activations
-and converts only a matmul's input to the weight's type; the native decode kernels take
-float32 inputs and return their float32 sums unrounded. Rounding every activation to bf16
-instead, the default, gives a mean KL divergence against float32 about six times as high
-on the bundled model (docs/performance.md); float32 activations cost 4-18% of prefill speed
-on the 0.5B shape, more than the default may cost.
+With bf16 on the CPU activations are float32 (``TESSERA_TORCH_F32_ACTIVATIONS``, on by
+default) and each matmul's input is rounded to bf16 where the kernel multiplies in bf16
+(the AMX tiles, torch's oneDNN matmuls, SDPA over a bf16 KV cache), as llama.cpp keeps
+float32 activations and converts only a matmul's input to the weight's type; the native
+decode kernels and the int8 VNNI GEMM take float32 inputs and return float32 sums
+unrounded. Rounding every activation to bf16 instead (``=0``) gives a mean KL divergence
+against float32 about six times as high on the bundled model (docs/performance.md), at
+about the same speed.
 """
 
 from __future__ import annotations

@@ -68,12 +68,13 @@ class WeightOps:
     def matmul(self, x: torch.Tensor, w: Any) -> torch.Tensor:
         if self.act_dtype == self.torch_dtype:
             return self._matmul(x, w)
-        # Float32 activations (the result float32 whatever x's dtype): a native GEMV takes x
-        # as it is, the AMX tiles take it rounded to bf16, both return the float32 sums;
-        # every other path multiplies in the compute dtype, x rounded to it, and rounds.
+        # Float32 activations (the result float32 whatever x's dtype): a native GEMV and the
+        # VNNI GEMM take x as it is, the AMX tiles take it rounded to bf16, all return the
+        # float32 sums; every other path multiplies in the compute dtype, x rounded to it,
+        # and rounds.
         tiles = self._tiles_of(w, x.shape[0])
         if tiles is not None:
-            y = tiles_f32(self._native(), tiles[0], (tiles[1],), to_dtype(x, self.torch_dtype))
+            y = tiles_f32(self._native(), tiles[0], (tiles[1],), x)
             if y is not None:
                 return y
         if self._native_gemv(w, x.shape[0]) is None:
@@ -133,16 +134,22 @@ class WeightOps:
         where both weights have a native tile kernel at this row count; else the default.
 
         With float32 activations the tiles' product is rounded once to bf16 (dense bf16
-        weights too): it is the down projection's input, which rounds it to bf16 anyway."""
+        weights too): it is the down projection's input, which rounds it to bf16 anyway.
+        Where the tiles do not serve and no native GEMV takes the rows, the matmuls and the
+        product run in the compute dtype."""
         native = self._native()
-        if native is not None and self.act_dtype != self.torch_dtype:
+        if self.act_dtype != self.torch_dtype:
             found = [self._tiles_of(w, x.shape[0]) for w in (w_gate, w_up)]
-            if all(found) and found[0][0] == found[1][0]:
-                pair = (found[0][1], found[1][1])
-                x = to_dtype(x, self.torch_dtype)
-                y = tiles_f32(native, found[0][0], pair, x, out_f32=False)
+            if native is not None and all(found) and found[0][0] == found[1][0]:
+                y = tiles_f32(native, found[0][0], (found[0][1], found[1][1]), x, out_f32=False)
                 if y is not None:
                     return y
+            if not any(self._native_gemv(w, x.shape[0]) for w in (w_gate, w_up)):
+                # matmuls in the compute dtype (dequantized K-quants, shapes the tiles do not
+                # take) round gate and up anyway: their product stays in it too, without two
+                # conversions to float32 and one back (a fifth of a K-quant prefill)
+                x = to_dtype(x, self.torch_dtype)
+                return F.silu(self._matmul(x, w_gate)) * self._matmul(x, w_up)
         elif native is not None:
             found = [getattr(w, "native_tiles", _no_native)(x.shape[0]) for w in (w_gate, w_up)]
             if all(found) and found[0][0] == found[1][0]:
