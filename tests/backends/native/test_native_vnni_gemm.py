@@ -192,3 +192,57 @@ def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
         assert calls == [(kind, 2, 40)]
         assert_swiglu_close(y.double().numpy(), xs, dense, dense_up)
         assert b.paths["native VNNI prefill GEMM"].path == "on"
+
+
+@pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_float32_activations_go_in_as_they_are(gemm, kind, out_dtype):
+    """x read as float32 (quantized to int8 blocks from it, not from a bf16 copy) and y
+    written in its own dtype; a float32 x is taken only for a bf16 backend's compute dtype."""
+    ((raw, dense),) = _weights(kind, 96, 160, seed=6)
+    x = _x(35, 160, torch.float32, seed=7)
+    assert gemm.matmul_vnni(kind, (raw,), x) is None  # a float32 backend keeps its own path
+    got = gemm.matmul_vnni(kind, (raw,), x, out_dtype, compute_dtype=torch.bfloat16)
+    assert got.dtype == out_dtype
+    xs = x.double().numpy()
+    want = xs @ dense.astype(np.float64).T
+    bound = error_bound(dense, xs) + ROUNDING[out_dtype] * np.abs(want)
+    assert np.all(np.abs(got.double().numpy() - want) <= bound)
+    # the int8 blocks of x come from its float32 values: a bf16 copy quantizes differently
+    via_bf16 = gemm.matmul_vnni(kind, (raw,), x.bfloat16(), out_dtype)
+    assert not torch.equal(got, via_bf16)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "IQ4_NL"])
+def test_float32_activation_backend_takes_it_without_conversions(gemm, kind, monkeypatch):
+    """A bf16 backend with float32 activations and the AMX tiles off: a prefill matmul and
+    the fused SwiGLU run the GEMM on the float32 activations, the matmul's output float32
+    and the SwiGLU's bf16 (the down projection's input)."""
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "1")
+    b = _backend()
+    assert b.act_dtype == torch.float32
+    qt = RUNTIME.quant_type_by_name(kind)
+    (raw, dense), (raw_up, dense_up) = _weights(kind, 64, 160, seed=8, count=2)
+    ws = [
+        b.load_weight(RawTensor(f"blk.0.ffn_{n}.weight", qt.ggml_type, (64, 160), r.numpy()), qt)
+        for n, r in (("gate", raw), ("up", raw_up))
+    ]
+    seen = []
+    real = kernels.NativeGemv.matmul_vnni
+
+    def spy(self, kind, ws, x, out_dtype=None, compute_dtype=None):
+        seen.append((len(ws), x.dtype, out_dtype))
+        return real(self, kind, ws, x, out_dtype, compute_dtype)
+
+    monkeypatch.setattr(kernels.NativeGemv, "matmul_vnni", spy)
+    x = _x(40, 160, torch.float32, seed=9)
+    xs = x.double().numpy()
+    y = b.matmul(x, ws[0])
+    assert seen == [(1, torch.float32, torch.float32)] and y.dtype == torch.float32
+    want = xs @ dense.T
+    assert np.all(np.abs(y.double().numpy() - want) <= error_bound(dense, xs) + 1e-5)
+    seen.clear()
+    s = b.gate_up_swiglu(x, *ws)
+    assert seen == [(2, torch.float32, torch.bfloat16)] and s.dtype == torch.bfloat16
+    assert_swiglu_close(s.double().numpy(), xs, dense, dense_up)

@@ -102,3 +102,35 @@ def test_float32_activations_leave_weights_in_bf16(model_path, monkeypatch):
         assert str(embd.dtype) == "torch.bfloat16"
     rows = model.backend.get_rows(embd, np.array([0, 3]))
     assert str(rows.dtype) == "torch.float32"  # rows enter the residual stream in float32
+
+
+def test_a_swiglu_of_bf16_matmuls_forms_its_product_in_bf16(monkeypatch):
+    """Float32 activations, K-quant weights at prefill rows (dequantized, multiplied in
+    bf16: no AMX tiles or GEMV take them): gate and up come back in bf16 and their product is
+    formed there, the down projection's input, with no float32 round trip."""
+    import torch
+    import torch.nn.functional as F
+
+    from tessera.files.gguf import RawTensor
+
+    monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "1")
+    b = RUNTIME.create_backend("torch", device="cpu", dtype="bf16")
+    RUNTIME.equip(b)
+    qt = RUNTIME.quant_type_by_name("Q4_K")
+    rng = np.random.default_rng(10)
+    ws, dense = [], []
+    for name in ("gate", "up"):
+        data = qt.quantize_tensor(rng.standard_normal((64, 256)).astype(np.float32))
+        ws.append(
+            b.load_weight(RawTensor(f"blk.0.ffn_{name}.weight", qt.ggml_type, (64, 256), data), qt)
+        )
+        dense.append(qt.dequantize_tensor(data, (64, 256)).astype(np.float64))
+    x = torch.from_numpy(rng.standard_normal((40, 256)).astype(np.float32))
+    assert b._tiles_of(ws[0], 40) is None and b._native_gemv(ws[0], 40) is None
+    y = b.gate_up_swiglu(x, *ws)
+    xb = x.bfloat16()
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, F.silu(b._matmul(xb, ws[0])) * b._matmul(xb, ws[1]))
+    gate, up = x.double().numpy() @ dense[0].T, x.double().numpy() @ dense[1].T
+    want = gate / (1 + np.exp(-gate)) * up
+    assert np.abs(y.double().numpy() - want).max() <= 0.05 * np.abs(want).max()
