@@ -40,6 +40,10 @@ export function metaText(m) {
 
 function fillMeta(meta, m) {
   meta.textContent = metaText(m);
+  // set afresh in one order: a stream may bring timings before usage, and a restored
+  // answer's markup must be the streamed one's
+  delete meta.dataset.completionTokens;
+  delete meta.dataset.tokensPerSecond;
   if (m.usage) meta.dataset.completionTokens = String(m.usage.completion_tokens);
   if (m.timings) meta.dataset.tokensPerSecond = String(m.timings.predicted_per_second);
 }

@@ -134,3 +134,25 @@ def test_reasoning_streams_into_its_block_and_the_speed_is_shown(driver, answer_
     assert f"{n} tokens" in meta.text and "50.0 tok/s" in meta.text
     thinking.find_element("css selector", "summary").click()
     assert thinking.get_attribute("open") == "true"
+
+
+def test_an_answers_markup_does_not_depend_on_the_order_its_parts_arrived(driver, answer_server):
+    """A stream that brings the speed (timings) before the token count (usage) renders the
+    same markup as the stored answer does after a reload, which fills both at once."""
+    fresh_page(driver, answer_server.url)
+    streamed, restored = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        import("/ui/message-view.js").then(({ messageElement, updateAssistant }) => {
+          const final = { role: "assistant", content: "hi", state: "done", model: "m",
+                          usage: { completion_tokens: 3, prompt_tokens: 2 },
+                          timings: { predicted_per_second: 12.5 } };
+          const live = messageElement({ role: "assistant", content: "", state: "streaming" }, 1);
+          updateAssistant(live, { ...final, state: "streaming", usage: undefined });
+          updateAssistant(live, final);
+          done([live.innerHTML, messageElement(final, 1).innerHTML]);
+        }, (e) => done([String(e), ""]));
+        """
+    )
+    assert "data-tokens-per-second" in streamed
+    assert streamed == restored
