@@ -1,4 +1,5 @@
-/* Prefill matmuls of Q4_0 / Q8_0 / Q5_0 / IQ4_NL weights with int8 dot products (AVX512-VNNI vpdpbusd),
+/* Prefill matmuls of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL weights with int8 dot products
+ * (AVX512-VNNI vpdpbusd),
  * for CPUs without AMX: tessera's native kernels, built with native_gemv.c into one
  * library (tessera/backends/native/library.py).
  *
@@ -13,11 +14,12 @@
  * 2 x 16 float scales, then runs all rows of x against it, 4 rows at a time (8 int32 and
  * 8 float32 accumulators).
  *
- * vpdpbusd's weight side is unsigned: Q4_0 and Q5_0 codes are stored as they are (0..15,
- * 0..31), Q8_0's as q + 128 (q ^ 0x80) and IQ4_NL's table values as t + 128; the offset o
- * (8, 16 or 128) comes back out of each dot product by starting its int32 sum at
- * -o * (sum of the activation block's codes). Each block's sum
- * is exact in int32 and is scaled by (weight scale * activation scale) into float32.
+ * vpdpbusd's weight side is unsigned: Q4_0/Q4_1 and Q5_0/Q5_1 codes are stored as they are
+ * (0..15, 0..31), Q8_0's as q + 128 (q ^ 0x80) and IQ4_NL's table values as t + 128; the
+ * offset o (8, 16 or 128; 0 for the types with a minimum) comes back out of each dot product
+ * by starting its int32 sum at -o * (sum of the activation block's codes). Each block's sum
+ * is exact in int32 and is scaled by (weight scale * activation scale) into float32; Q4_1
+ * and Q5_1 (value q d + m) add m * (activation scale * sum of its codes).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -41,6 +43,7 @@ typedef struct {
     int8_t *q;   /* (m, k) int8 codes */
     float *d;    /* (m, nb) block scales */
     int32_t *c;  /* (m, nb) -offset * sum of the block's codes: each dot product's start */
+    float *ds;   /* (m, nb) scale * sum of the block's codes: what a weight's minimum meets */
 } vg_act;
 
 static int vg_quantize(const void *x, int dtype, int64_t m, int64_t k, int offset, vg_act *a,
@@ -49,36 +52,55 @@ static int vg_quantize(const void *x, int dtype, int64_t m, int64_t k, int offse
     a->q = malloc((size_t)(m * k));
     a->d = malloc(sizeof(float) * (size_t)(m * nb));
     a->c = malloc(sizeof(int32_t) * (size_t)(m * nb));
-    if (!a->q || !a->d || !a->c) return 0;
+    a->ds = malloc(sizeof(float) * (size_t)(m * nb));
+    if (!a->q || !a->d || !a->c || !a->ds) return 0;
 #pragma omp parallel for num_threads(n_threads) schedule(static)
     for (int64_t i = 0; i < m * nb; i++) {
         int half[2];
-        a->c[i] = -offset * quantize32(x, i * QK, dtype, a->q + i * QK, a->d + i, half);
+        const int sum = quantize32(x, i * QK, dtype, a->q + i * QK, a->d + i, half);
+        a->c[i] = -offset * sum;
+        a->ds[i] = a->d[i] * (float)sum;
     }
     return 1;
 }
 
-enum { VG_Q4_0 = 2, VG_Q5_0 = 6, VG_Q8_0 = 8, VG_IQ4_NL = 20 }; /* GGML type numbers */
+/* GGML type numbers */
+enum { VG_Q4_0 = 2, VG_Q4_1 = 3, VG_Q5_0 = 6, VG_Q5_1 = 7, VG_Q8_0 = 8, VG_IQ4_NL = 20 };
 
 static int vg_type_size(int type) {
     switch (type) {
     case VG_Q4_0: case VG_IQ4_NL: return 18;
+    case VG_Q4_1: return 20;
     case VG_Q5_0: return 22;
+    case VG_Q5_1: return 24;
     case VG_Q8_0: return 34;
     default: return 0;
     }
 }
 
-static int vg_offset(int type) { return type == VG_Q4_0 ? 8 : type == VG_Q5_0 ? 16 : 128; }
+/* Whether the type's blocks carry a minimum m after their scale (value q d + m). */
+static int vg_has_min(int type) { return type == VG_Q4_1 || type == VG_Q5_1; }
 
-/* A block's 32 codes as unsigned bytes in value order (each block starts with its f16 scale;
- * Q4_0 / IQ4_NL: low nibbles are values 0..15, high nibbles 16..31). */
+static int vg_offset(int type) {
+    switch (type) {
+    case VG_Q4_0: return 8;
+    case VG_Q5_0: return 16;
+    case VG_Q4_1: case VG_Q5_1: return 0;
+    default: return 128;
+    }
+}
+
+/* A block's 32 codes as unsigned bytes in value order (each block starts with its f16 scale,
+ * Q4_1 / Q5_1 then their f16 minimum; 4-bit codes: low nibbles are values 0..15, high
+ * nibbles 16..31). */
 static inline __m256i vg_codes(const uint8_t *blk, int type) {
     switch (type) {
     case VG_Q8_0:
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk + 2)),
                                 _mm256_set1_epi8((char)0x80));
     case VG_Q5_0: return q5_codes(blk + 2);
+    case VG_Q4_1: return nibbles32(blk + 4);
+    case VG_Q5_1: return q5_codes(blk + 4);
     case VG_IQ4_NL:
         return _mm256_xor_si256(_mm256_shuffle_epi8(iq4_table(), nibbles32(blk + 2)),
                                 _mm256_set1_epi8((char)0x80));
@@ -89,9 +111,10 @@ static inline __m256i vg_codes(const uint8_t *blk, int type) {
 
 /* 16 weight rows (rows[r] their first block) to the packed layout: for each block b,
  * vector p (p = 0..7) at out + b * VG_BLOCK_BYTES holds codes 4p..4p+3 of row r in lane r,
- * and scales + b * 32 the 16 rows' scales. Two blocks per transpose (lanes 0-7, 8-15). */
+ * scales + b * 32 the 16 rows' scales and mins + b * 32 their minimums (types with one).
+ * Two blocks per transpose (lanes 0-7, 8-15). */
 static void vg_pack16(const uint8_t *const rows[16], int type, int64_t nb, uint8_t *out,
-                      float *scales) {
+                      float *scales, float *mins) {
     const int type_size = vg_type_size(type);
     for (int64_t b = 0; b < nb; b += 2) {
         const int64_t b1 = b + 1 < nb ? b + 1 : b; /* an odd last block: transposed twice */
@@ -102,6 +125,10 @@ static void vg_pack16(const uint8_t *const rows[16], int type, int64_t nb, uint8
                                       vg_codes(p1, type), 1);
             scales[b * 32 + i] = f16_at(p0);
             if (b1 != b) scales[b1 * 32 + i] = f16_at(p1);
+            if (mins) {
+                mins[b * 32 + i] = f16_at(p0 + 2);
+                if (b1 != b) mins[b1 * 32 + i] = f16_at(p1 + 2);
+            }
         }
         transpose16_epi32(r);
         for (int p = 0; p < 8; p++) {
@@ -128,8 +155,8 @@ static inline __m256 vg_swiglu8(__m256 g, __m256 u) {
 /* Rows i0..i0+R-1 of x times a packed strip. Plain: y columns j0..j0+31 are the halves;
  * swiglu (half 0 gate rows, half 1 the same up rows): columns j0..j0+15. */
 static inline __attribute__((always_inline)) void vg_rows(
-    const uint8_t *pack, const float *scales, const vg_act *a, int64_t nb, int64_t k, int64_t i0,
-    int R, void *y, int64_t n, int64_t j0, int dtype, int swiglu) {
+    const uint8_t *pack, const float *scales, const float *mins, const vg_act *a, int64_t nb,
+    int64_t k, int64_t i0, int R, void *y, int64_t n, int64_t j0, int dtype, int swiglu) {
     __m512 acc[VG_ROWS][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -153,6 +180,14 @@ static inline __attribute__((always_inline)) void vg_rows(
             const __m512 da = _mm512_set1_ps(a->d[(i0 + r) * nb + b]);
             acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][0]), _mm512_mul_ps(s0, da), acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][1]), _mm512_mul_ps(s1, da), acc[r][1]);
+        }
+        if (mins) {
+            const __m512 m0 = _mm512_load_ps(mins + b * 32), m1 = _mm512_load_ps(mins + b * 32 + 16);
+            for (int r = 0; r < R; r++) {
+                const __m512 ds = _mm512_set1_ps(a->ds[(i0 + r) * nb + b]);
+                acc[r][0] = _mm512_fmadd_ps(m0, ds, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(m1, ds, acc[r][1]);
+            }
         }
     }
     for (int r = 0; r < R; r++) {
@@ -184,7 +219,9 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
     {
         uint8_t *pack = aligned_alloc(64, (size_t)(nb * VG_BLOCK_BYTES));
         float *scales = aligned_alloc(64, sizeof(float) * (size_t)(nb * 32));
-        ok = ok && pack && scales;
+        const int has_min = vg_has_min(type);
+        float *mins = has_min ? aligned_alloc(64, sizeof(float) * (size_t)(nb * 32)) : NULL;
+        ok = ok && pack && scales && (mins || !has_min);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t s = 0; s < n / step; s++) {
             if (!ok) continue;
@@ -194,23 +231,26 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
                 rows[0][i] = w + (j0 + i) * row_bytes;
                 rows[1][i] = w2 ? w2 + (j0 + i) * row_bytes : w + (j0 + 16 + i) * row_bytes;
             }
-            vg_pack16(rows[0], type, nb, pack, scales);
-            vg_pack16(rows[1], type, nb, pack + 512, scales + 16);
+            vg_pack16(rows[0], type, nb, pack, scales, mins);
+            vg_pack16(rows[1], type, nb, pack + 512, scales + 16, mins ? mins + 16 : NULL);
             int64_t i0 = 0;
             for (; i0 + VG_ROWS <= m; i0 += VG_ROWS)
-                vg_rows(pack, scales, &a, nb, k, i0, VG_ROWS, y, n, j0, y_dtype, w2 != NULL);
+                vg_rows(pack, scales, mins, &a, nb, k, i0, VG_ROWS, y, n, j0, y_dtype, w2 != NULL);
+            const int swiglu = w2 != NULL;
             switch (m - i0) {
-            case 3: vg_rows(pack, scales, &a, nb, k, i0, 3, y, n, j0, y_dtype, w2 != NULL); break;
-            case 2: vg_rows(pack, scales, &a, nb, k, i0, 2, y, n, j0, y_dtype, w2 != NULL); break;
-            case 1: vg_rows(pack, scales, &a, nb, k, i0, 1, y, n, j0, y_dtype, w2 != NULL); break;
+            case 3: vg_rows(pack, scales, mins, &a, nb, k, i0, 3, y, n, j0, y_dtype, swiglu); break;
+            case 2: vg_rows(pack, scales, mins, &a, nb, k, i0, 2, y, n, j0, y_dtype, swiglu); break;
+            case 1: vg_rows(pack, scales, mins, &a, nb, k, i0, 1, y, n, j0, y_dtype, swiglu); break;
             }
         }
         free(pack);
         free(scales);
+        free(mins);
     }
     free(a.q);
     free(a.d);
     free(a.c);
+    free(a.ds);
     return ok;
 }
 
@@ -225,7 +265,7 @@ static int vg_gemm(int type, const uint8_t *w, const uint8_t *w2, int64_t n, int
 
 #endif
 
-/* type: the weight's GGML type number (Q4_0 2, Q5_0 6, Q8_0 8, IQ4_NL 20). */
+/* type: the weight's GGML type number (Q4_0 2, Q4_1 3, Q5_0 6, Q5_1 7, Q8_0 8, IQ4_NL 20). */
 int tsr_matmul_vnni(int type, const uint8_t *w, int64_t n, int64_t k, const void *x,
                     int64_t m, void *y, int x_dtype, int y_dtype, int n_threads) {
     return vg_gemm(type, w, NULL, n, k, x, m, y, x_dtype, y_dtype, n_threads);

@@ -1,6 +1,6 @@
-"""Prefill matmuls of Q4_0 / Q8_0 / Q5_0 / IQ4_NL weights with int8 dot products on CPUs
-without AMX: ``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and ``tsr_swiglu_vnni`` as
-methods of :class:`VnniGemm` (a mixin of
+"""Prefill matmuls of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL weights with int8 dot
+products on CPUs without AMX: ``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and
+``tsr_swiglu_vnni`` as methods of :class:`VnniGemm` (a mixin of
 :class:`~tessera.backends.native.kernels.NativeGemv`).
 
 The activations are quantized once per call to int8 blocks of 32 (one float scale each,
@@ -9,9 +9,9 @@ weights. :meth:`~tessera.backends.native.kernels.NativeGemv.matmul_tiles` and
 ``swiglu_tiles`` run this kernel where the AMX tiles do not serve (a CPU without AMX, or
 ``TESSERA_NATIVE_AMX_DISABLE=1``); ``TESSERA_NATIVE_VNNI_GEMM_DISABLE=1``
 (:data:`NATIVE_VNNI_GEMM_DISABLE`) turns it off, leaving those matmuls to the quant types'
-dequantize-and-matmul paths (Q5_0 and IQ4_NL weights call :meth:`VnniGemm.matmul_vnni`
-themselves, ``plugins/quant/native_weight.py``). The choice is recorded as the backend's
-``"native VNNI prefill GEMM"`` path.
+dequantize-and-matmul paths (Q4_1, Q5_0, Q5_1 and IQ4_NL weights call
+:meth:`VnniGemm.matmul_vnni` themselves, ``plugins/quant/native_weight.py``). The choice is
+recorded as the backend's ``"native VNNI prefill GEMM"`` path.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ NATIVE_VNNI_GEMM_DISABLE = Switch(
 #: Matmuls of at least this many rows run the int8 GEMM (fewer: the decode GEMV).
 VNNI_MIN_ROWS = 16
 #: GGML type numbers of the weight types the GEMM reads (blocks of 32 with one f16 scale).
-VNNI_GGML_TYPES = {"Q4_0": 2, "Q5_0": 6, "Q8_0": 8, "IQ4_NL": 20}
+VNNI_GGML_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "IQ4_NL": 20}
 #: Their bytes per block of 32 weights.
-VNNI_BLOCK_BYTES = {"Q4_0": 18, "Q5_0": 22, "Q8_0": 34, "IQ4_NL": 18}
+VNNI_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "IQ4_NL": 18}
 
 
 def declare_vnni_gemm(lib: Any) -> None:

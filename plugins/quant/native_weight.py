@@ -6,11 +6,11 @@ types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M).
 Not an entry point; the quant plugins wrap their torch kernels with :func:`with_native`.
 Decode matmuls (fewer than :data:`NATIVE_MAX_ROWS` rows, :data:`AMX_MAX_ROWS` on a CPU with
 AMX) read the bytes in place with int8
-dot products; larger ones of Q5_0 and IQ4_NL run the int8 VNNI prefill GEMM where the AMX
-tiles are off (:mod:`~tessera.backends.native.vnni_gemm`), the others dequantize natively
-to the compute dtype (the numpy dequantization's values, rounded once) and run torch's dense
-matmul; no dense copy is kept,
-so the weight takes its file size in memory instead of 2 bytes per value.
+dot products; larger ones of Q4_1, Q5_0, Q5_1 and IQ4_NL run the int8 VNNI prefill GEMM
+where the AMX tiles are off (:mod:`~tessera.backends.native.vnni_gemm`), the others
+dequantize natively to the compute dtype (the numpy dequantization's values, rounded once)
+and run torch's dense matmul; no dense copy is kept, so the weight takes its file size in
+memory instead of 2 bytes per value.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ class NativeBlockWeight:
 
     def native_tiles(self, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, block bytes)`` when a matmul of ``n_rows`` rows runs the int8 VNNI prefill
-        GEMM (Q5_0, IQ4_NL where the AMX tiles are off; the backend may then fuse the gate
-        and up weights into one SwiGLU call), else None."""
+        GEMM (Q4_1, Q5_0, Q5_1, IQ4_NL where the AMX tiles are off; the backend may then fuse
+        the gate and up weights into one SwiGLU call), else None."""
         native = self.native
         if self.kind not in VNNI_GGML_TYPES or native.amx:
             return None

@@ -109,7 +109,7 @@ def test_shapes_it_does_not_take_are_none(gemm):
     ((raw, _),) = _weights("Q4_0", 32, 64, seed=1)
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(15, 64, torch.bfloat16, 1)) is None  # rows
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.float32, 1)) is None  # dtype
-    assert gemm.matmul_vnni("Q5_1", (raw,), _x(16, 64, torch.bfloat16, 1)) is None
+    assert gemm.matmul_vnni("Q4_K", (raw,), _x(16, 64, torch.bfloat16, 1)) is None  # kind
     with pytest.raises(
         ValueError, match="Q5_0 weights for 64 inputs must be contiguous rows of 44"
     ):
