@@ -28,7 +28,7 @@ from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
 from tessera.backends.native.portable_gemv import declare_portable
 from tessera.backends.native.q4_0_x4 import declare_q4_0_x4
-from tessera.backends.native.vnni_gemm import declare_vnni_gemm, vnni_choice
+from tessera.backends.native.vnni_gemm import declare_vnni_gemm
 from tessera.switches import OFF, Switch, choose
 
 _HERE = Path(__file__).parent
@@ -242,6 +242,5 @@ def load(path: Path) -> NativeGemv:
 
     native.amx_choice = choose(NATIVE_AMX_DISABLE, amx_probe, on="on", off="off")
     native.amx = native.amx_choice.path == "on"
-    native.vnni_gemm_choice = vnni_choice(lib, native.amx)
-    native.vnni_gemm = native.vnni_gemm_choice.path == "on"
+    native.choose_vnni_gemm(native.amx)
     return native

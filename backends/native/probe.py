@@ -27,11 +27,12 @@ from tessera.backends.native import cpu_paths, library, selftest
 from tessera.backends.native.kernels import NativeGemv
 from tessera.backends.native.portable_gemv import PORTABLE_TYPES
 from tessera.backends.native.typed_gemv import GGML_TYPES
-from tessera.backends.native.vnni_gemm import vnni_choice, vnni_gemm_ok
+from tessera.backends.native.vnni_gemm import vnni_gemm_ok
 from tessera.switches import NAMES, OFF, Choice, Switch, choose, names
 
 #: Compute dtypes the kernels serve: rounding activations to int8 blocks costs about what
-#: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 keeps exact matmuls.
+#: bf16 rounding does (|error| <= max|block| / 254 per value), so f32 asked for by name
+#: keeps exact matmuls; f32 as the default of a CPU without fast bf16 takes the kernels.
 COMPUTE_DTYPES = ("bf16", "f16")
 
 NATIVE_DISABLE = Switch(
@@ -85,14 +86,15 @@ def _probe(backend: Any) -> NativeStatus:
     try:
         gemv = library.load(library.build(flags=cpu_paths.build_flags(path, library.CFLAGS)))
         gemv.portable = path == "portable"
+        if gemv.portable:
+            gemv.choose_vnni_gemm(gemv.amx, portable=True)
         gemv.path_reason = f"{why}; self-test passed"
         if not selftest.self_test(gemv):
             return NativeStatus(None, "self-test against numpy failed")
         if gemv.amx and not selftest.tiles_ok(gemv):
             gemv.amx = False
             gemv.amx_choice = Choice("off", "self-test against numpy failed")
-            gemv.vnni_gemm_choice = vnni_choice(gemv.lib, amx=False)
-            gemv.vnni_gemm = gemv.vnni_gemm_choice.path == "on"
+            gemv.choose_vnni_gemm(amx=False, portable=gemv.portable)
         if gemv.vnni_gemm and not vnni_gemm_ok(gemv):
             gemv.vnni_gemm = False
             gemv.vnni_gemm_choice = Choice("off", "self-test against numpy failed")
@@ -136,9 +138,13 @@ def serves(backend: Any, kind: str) -> NativeGemv | None:
 def _unavailable(backend: Any) -> str | None:
     if getattr(backend, "torch_device", None) is None or backend.torch_device.type != "cpu":
         return "not a CPU backend"
-    if getattr(backend, "dtype", None) not in COMPUTE_DTYPES:
-        # int8 activations round like bf16 does; f32 keeps its exact matmuls
-        return f"compute dtype {backend.dtype} keeps the exact torch paths (native: bf16/f16)"
+    dtype = getattr(backend, "dtype", None)
+    if dtype not in COMPUTE_DTYPES and (dtype != "f32" or getattr(backend, "exact_f32", True)):
+        # int8 activations round like bf16 does; f32 asked for keeps its exact matmuls
+        return (
+            f"compute dtype {dtype} keeps the exact torch paths (native: bf16/f16, or f32 "
+            "as the default of a CPU without fast bf16)"
+        )
     if not library.cpu_supported(library.cpu_flags()):
         return "the CPU lacks AVX2, FMA or F16C"
     return None

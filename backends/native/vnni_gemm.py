@@ -1,5 +1,6 @@
 """Prefill matmuls of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL weights with int8 dot
-products on CPUs without AMX: ``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and
+products on CPUs without AMX (AVX512-VNNI, AVX-VNNI or AVX2, whichever the library was
+built for): ``native_vnni_gemm.c``'s ``tsr_matmul_vnni`` and
 ``tsr_swiglu_vnni`` as methods of :class:`VnniGemm` (a mixin of
 :class:`~tessera.backends.native.kernels.NativeGemv`).
 
@@ -48,16 +49,24 @@ def declare_vnni_gemm(lib: Any) -> None:
     lib.tsr_vnni_gemm_built.restype = ctypes.c_int
 
 
-def vnni_choice(lib: Any, amx: bool) -> Choice:
+#: ``tsr_vnni_gemm_built()``'s codes: the instructions the GEMM was compiled for.
+GEMM_BUILDS = {3: "AVX512-VNNI", 2: "AVX-VNNI (256-bit)", 1: "AVX2 (256-bit)"}
+
+
+def vnni_choice(lib: Any, amx: bool, portable: bool = False) -> Choice:
     """Whether the int8 GEMM takes prefill matmuls: not where the AMX tiles do (``amx``),
-    not when switched off, not in a build without 512-bit VNNI."""
+    not on the portable path (``portable``), not when switched off, not in a build without
+    AVX2; its reason names the build's instructions (:data:`GEMM_BUILDS`)."""
 
     def probe() -> tuple[bool, str]:
         if amx:
             return False, "the AMX tiles take these matmuls"
-        if not lib.tsr_vnni_gemm_built():
-            return False, "built without AVX512-VNNI (CPU, compiler or TESSERA_NATIVE_PATH)"
-        return True, f"int8 AVX512-VNNI GEMM for {VNNI_MIN_ROWS} rows or more"
+        if portable:
+            return False, "the portable path leaves these matmuls to torch"
+        build = GEMM_BUILDS.get(lib.tsr_vnni_gemm_built())
+        if build is None:
+            return False, "built without AVX2 (CPU, compiler or TESSERA_NATIVE_PATH)"
+        return True, f"int8 {build} GEMM for {VNNI_MIN_ROWS} rows or more"
 
     return choose(NATIVE_VNNI_GEMM_DISABLE, probe, on="on", off="off")
 
@@ -72,14 +81,20 @@ class VnniGemm:
     vnni_gemm = False
     vnni_gemm_choice = Choice("off", "not probed")
 
+    def choose_vnni_gemm(self, amx: bool, portable: bool = False) -> None:
+        """Sets ``vnni_gemm_choice`` by :func:`vnni_choice` and ``vnni_gemm`` from it."""
+        self.vnni_gemm_choice = vnni_choice(self.lib, amx, portable)
+        self.vnni_gemm = self.vnni_gemm_choice.path == "on"
+
     def vnni_serves(self, n_rows: int, n_out: int, dtype: Any, multiple: int = 32) -> bool:
         """Whether :meth:`matmul_vnni` takes this shape: the GEMM is on, ``n_rows`` at least
-        :data:`VNNI_MIN_ROWS`, ``dtype`` bf16 or f16, ``n_out`` a multiple of ``multiple``
-        (32; the SwiGLU's: 16)."""
+        :data:`VNNI_MIN_ROWS`, ``dtype`` bf16, f16 or f32 (the CPUs without fast bf16
+        compute in f32; their decode GEMVs round the activations to int8 blocks too),
+        ``n_out`` a multiple of ``multiple`` (32; the SwiGLU's: 16)."""
         import torch
 
         ok = self.vnni_gemm and n_rows >= VNNI_MIN_ROWS and n_out % multiple == 0
-        return ok and dtype in (torch.bfloat16, torch.float16)
+        return ok and dtype in (torch.bfloat16, torch.float16, torch.float32)
 
     def matmul_vnni(
         self,

@@ -80,20 +80,33 @@ CHUNKED_DELTA = Switch(
 
 #: CPU flags of units that make torch's bf16 matmul faster than f32 (oneDNN uses them).
 FAST_BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+FAST_BF16 = Switch(
+    "TESSERA_TORCH_FAST_BF16",
+    "whether the CPU counts as one with fast bf16 units (AMX-BF16 or AVX512-BF16), which "
+    "makes bf16 the default compute dtype: auto (read from the CPU), 1, or 0 (f32 by "
+    "default with the native kernels, as on CPUs without them: AVX2 laptops)",
+    CHOICE,
+    default="auto",
+    choices=("auto", "1", "0"),
+)
 
 
 def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this CPU has AMX-bf16 or AVX512-bf16 (read from /proc/cpuinfo where present)."""
+    """Whether this CPU has AMX-bf16 or AVX512-bf16 (read from /proc/cpuinfo where present),
+    unless ``TESSERA_TORCH_FAST_BF16`` (:data:`FAST_BF16`) says 1 or 0."""
     import torch
 
+    forced = text(FAST_BF16)
+    if forced != "auto":
+        return forced == "1"
     if "AMX" in torch.backends.cpu.get_cpu_capability().upper():
         return True
     try:
-        text = cpuinfo.read_text()
+        info = cpuinfo.read_text()
     except OSError:
         return False
     flags = set()
-    for line in text.splitlines():
+    for line in info.splitlines():
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
             break
@@ -158,7 +171,12 @@ def create(device: str | None = None, dtype: str | None = None) -> Any:
             f"the torch backend needs torch ({exc}); install it with `pip install torch`"
         ) from exc
     dev = pick_device(device)
-    return TorchBackend(dev, pick_dtype(dtype, dev))
+    picked = pick_dtype(dtype, dev)
+    backend = TorchBackend(dev, picked)
+    # f32 asked for by name keeps the exact torch matmuls; f32 as a CPU's default (no fast
+    # bf16 units) lets the native kernels round activations to int8 blocks, as llama.cpp does
+    backend.exact_f32 = picked == "f32" and (dtype is not None or text(TORCH_DTYPE) is not None)
+    return backend
 
 
 @hookimpl
@@ -207,7 +225,7 @@ def tessera_register_switches(register):
     from tessera.backends.native.vnni_gemm import NATIVE_VNNI_GEMM_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
 
-    switches = (TORCH_DTYPE, F32_ACTIVATIONS, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE)
+    switches = (TORCH_DTYPE, FAST_BF16, F32_ACTIVATIONS, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE)
     for switch in (*switches, DECODER_BLOCK_DISABLE, CHUNKED_DELTA):
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels

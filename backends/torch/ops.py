@@ -53,6 +53,8 @@ class TorchBackend(
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.device = str(device)
         self.dtype = dtype
+        #: f32 asked for by name: the exact torch paths, no native kernels (backend.create)
+        self.exact_f32 = dtype == "f32"
         #: The dtype of the tensors between ops (float32 with bf16 weights on the CPU).
         choice = self.record_path("activations", choose_activations(device, self.torch_dtype))
         self.act_dtype = TORCH_DTYPES[choice.path]

@@ -1,6 +1,7 @@
-"""The int8 VNNI prefill GEMM of CPUs without AMX (``native_vnni_gemm.c``): Q8_0 / Q4_0 /
-Q5_0 / IQ4_NL weights against their ``gguf.quants`` dequantization times x in float64, the fused
-SwiGLU, its choice (AMX first, the switch, builds without AVX512-VNNI) and its use by the
+"""The int8 VNNI prefill GEMM of CPUs without AMX (``native_vnni_gemm.c``): every type it
+reads against its ``gguf.quants`` dequantization times x in float64 and the fused SwiGLU, on
+each of its builds (AVX512-VNNI, AVX-VNNI and AVX2, forced by ``TESSERA_NATIVE_PATH`` where
+the CPU has them), its choice (AMX first, the switch, the portable path) and its use by the
 torch backend's weights of those types when the AMX tiles are switched off.
 
 Tolerance (:func:`~tessera.backends.native.selftest.error_bound`): each activation is
@@ -25,23 +26,39 @@ RUNTIME = Runtime()
 ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 0.0}
 
 
-def _backend():
-    b = RUNTIME.create_backend("torch", device="cpu", dtype="bf16")
+def _backend(dtype="bf16"):
+    b = RUNTIME.create_backend("torch", device="cpu", dtype=dtype)
     RUNTIME.equip(b)
     return b
 
 
-@pytest.fixture(scope="module")
-def gemm():
-    """The kernels with the AMX tiles switched off, so the int8 GEMM takes prefill."""
-    if "avx512_vnni" not in library.cpu_flags():
-        # Real skip: the GEMM is built only for CPUs with AVX512-VNNI
-        pytest.skip("this CPU has no AVX512-VNNI")
+#: The GEMM's builds by TESSERA_NATIVE_PATH, and the CPU flag each needs (None: AVX2 only).
+GEMM_PATHS = {"avx512-vnni": "avx512_vnni", "avx-vnni": "avx_vnni", "avx2": None}
+
+
+def _probe_without_amx(path="auto"):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(library.AMX_DISABLE_ENV, "1")
+        mp.setenv("TESSERA_NATIVE_PATH", path)
         native = native_probe.probe(_backend())
     assert native is not None and native.vnni_gemm, native and native.vnni_gemm_choice
     return native
+
+
+@pytest.fixture(scope="module", params=list(GEMM_PATHS))
+def gemm(request):
+    """The kernels of one build with the AMX tiles switched off, so the GEMM takes prefill."""
+    flag = GEMM_PATHS[request.param]
+    if flag and flag not in library.cpu_flags():
+        # Real skip: a build for this path runs only on a CPU with its instructions
+        pytest.skip(f"this CPU has no {flag}")
+    return _probe_without_amx(request.param)
+
+
+@pytest.fixture(scope="module")
+def widest():
+    """The kernels of this CPU's widest build with the AMX tiles switched off."""
+    return _probe_without_amx()
 
 
 def _weights(kind, n_out, n_in, seed, count=1):
@@ -108,7 +125,7 @@ def test_shapes_it_does_not_take_are_none(gemm):
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.bfloat16, 1)) is None  # 48 % 32
     ((raw, _),) = _weights("Q4_0", 32, 64, seed=1)
     assert gemm.matmul_vnni("Q4_0", (raw,), _x(15, 64, torch.bfloat16, 1)) is None  # rows
-    assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.float32, 1)) is None  # dtype
+    assert gemm.matmul_vnni("Q4_0", (raw,), _x(16, 64, torch.float64, 1)) is None  # dtype
     assert gemm.matmul_vnni("Q4_K", (raw,), _x(16, 64, torch.bfloat16, 1)) is None  # kind
     with pytest.raises(
         ValueError, match="Q5_0 weights for 64 inputs must be contiguous rows of 44"
@@ -125,7 +142,7 @@ def test_the_amx_tiles_come_first(native):
     assert b.paths["native VNNI prefill GEMM"] == native.vnni_gemm_choice
 
 
-def test_the_switch_turns_it_off_and_is_recorded(gemm, monkeypatch):
+def test_the_switch_turns_it_off_and_is_recorded(widest, monkeypatch):
     monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
     monkeypatch.setenv(vnni_gemm.NATIVE_VNNI_GEMM_DISABLE.name, "1")
     b = _backend()
@@ -136,18 +153,26 @@ def test_the_switch_turns_it_off_and_is_recorded(gemm, monkeypatch):
     assert native.matmul_tiles("Q8_0", raw, _x(32, 64, torch.bfloat16, 2)) is None
 
 
-@pytest.mark.parametrize("path", ["avx-vnni", "avx2"])
-def test_a_forced_narrower_path_keeps_the_old_matmuls(gemm, path, tmp_path, monkeypatch):
-    """A build without AVX512 has no GEMM: it says so and the tiles' methods decline."""
-    if path == "avx-vnni" and "avx_vnni" not in library.cpu_flags():
+@pytest.mark.parametrize("path", list(GEMM_PATHS))
+def test_each_build_names_its_instructions(path):
+    flag = GEMM_PATHS[path]
+    if flag and flag not in library.cpu_flags():
         # Real skip: a build for this path runs only on a CPU with its instructions
-        pytest.skip("this CPU has no AVX-VNNI")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        pytest.skip(f"this CPU has no {flag}")
+    native = _probe_without_amx(path)
+    build = vnni_gemm.GEMM_BUILDS[native.lib.tsr_vnni_gemm_built()]
+    assert build == {"avx512-vnni": "AVX512-VNNI", "avx-vnni": "AVX-VNNI (256-bit)"}.get(
+        path, "AVX2 (256-bit)"
+    )
+    assert native.vnni_gemm_choice == ("on", f"int8 {build} GEMM for 16 rows or more")
+
+
+def test_the_portable_path_leaves_prefill_to_torch(monkeypatch):
     monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
-    monkeypatch.setenv("TESSERA_NATIVE_PATH", path)
+    monkeypatch.setenv("TESSERA_NATIVE_PATH", "portable")
     native = native_probe.probe(_backend())
-    assert native.vnni_gemm_choice.path == "off"
-    assert "built without AVX512-VNNI" in native.vnni_gemm_choice.reason
+    want = ("off", "the portable path leaves these matmuls to torch")
+    assert native.vnni_gemm_choice == want and not native.vnni_gemm
     ((raw, _),) = _weights("Q4_0", 32, 64, seed=3)
     assert native.matmul_tiles("Q4_0", raw, _x(32, 64, torch.bfloat16, 3)) is None
 
@@ -155,8 +180,8 @@ def test_a_forced_narrower_path_keeps_the_old_matmuls(gemm, path, tmp_path, monk
 def _spy(monkeypatch, calls):
     real = kernels.NativeGemv.matmul_vnni
 
-    def spy(self, kind, ws, x, out_dtype=None):
-        y = real(self, kind, ws, x, out_dtype)
+    def spy(self, kind, ws, x, out_dtype=None, **kw):
+        y = real(self, kind, ws, x, out_dtype, **kw)
         if y is not None:  # taken (Q8_0's weight asks at every row count)
             calls.append((kind, len(ws), x.shape[0]))
         return y
@@ -165,7 +190,7 @@ def _spy(monkeypatch, calls):
 
 
 @pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
-def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
+def test_torch_weights_take_it_for_prefill_without_amx(widest, kind, monkeypatch):
     monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
     # bf16 activations: the backend's fused SwiGLU passes them to the tiles' methods as they are
     monkeypatch.setenv("TESSERA_TORCH_F32_ACTIVATIONS", "0")
@@ -194,15 +219,41 @@ def test_torch_weights_take_it_for_prefill_without_amx(gemm, kind, monkeypatch):
         assert b.paths["native VNNI prefill GEMM"].path == "on"
 
 
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q5_1"])
+def test_a_float32_backend_takes_it_for_prefill(widest, kind, monkeypatch):
+    """The default compute dtype of CPUs without fast bf16 (float32): prefill matmuls of
+    many rows run the GEMM on the float32 activations and give float32; decode rows stay on
+    the GEMV."""
+    monkeypatch.setenv(library.AMX_DISABLE_ENV, "1")
+    monkeypatch.setenv("TESSERA_TORCH_FAST_BF16", "0")
+    monkeypatch.delenv("TESSERA_TORCH_DTYPE", raising=False)
+    b = _backend(None)
+    assert b.dtype == "f32"
+    qt = RUNTIME.quant_type_by_name(kind)
+    ((raw, dense),) = _weights(kind, 64, 160, seed=10)
+    w = b.load_weight(RawTensor("blk.0.ffn_gate.weight", qt.ggml_type, (64, 160), raw.numpy()), qt)
+    calls = []
+    _spy(monkeypatch, calls)
+    x = _x(40, 160, torch.float32, seed=11)
+    xs = x.double().numpy()
+    y = b.matmul(x, w)
+    assert calls == [(kind, 1, 40)] and y.dtype == torch.float32
+    want = xs @ dense.T
+    assert np.all(np.abs(y.double().numpy() - want) <= error_bound(dense, xs) + 1e-5)
+    calls.clear()
+    b.matmul(x[:8], w)
+    assert calls == []
+
+
 @pytest.mark.parametrize("kind", list(vnni_gemm.VNNI_GGML_TYPES))
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_float32_activations_go_in_as_they_are(gemm, kind, out_dtype):
     """x read as float32 (quantized to int8 blocks from it, not from a bf16 copy) and y
-    written in its own dtype; a float32 x is taken only for a bf16 backend's compute dtype."""
+    written in its own dtype, for a float32 backend and a bf16 one's float32 activations."""
     ((raw, dense),) = _weights(kind, 96, 160, seed=6)
     x = _x(35, 160, torch.float32, seed=7)
-    assert gemm.matmul_vnni(kind, (raw,), x) is None  # a float32 backend keeps its own path
     got = gemm.matmul_vnni(kind, (raw,), x, out_dtype, compute_dtype=torch.bfloat16)
+    assert torch.equal(got, gemm.matmul_vnni(kind, (raw,), x, out_dtype))
     assert got.dtype == out_dtype
     xs = x.double().numpy()
     want = xs @ dense.astype(np.float64).T
@@ -214,7 +265,7 @@ def test_float32_activations_go_in_as_they_are(gemm, kind, out_dtype):
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "IQ4_NL"])
-def test_float32_activation_backend_takes_it_without_conversions(gemm, kind, monkeypatch):
+def test_float32_activation_backend_takes_it_without_conversions(widest, kind, monkeypatch):
     """A bf16 backend with float32 activations and the AMX tiles off: a prefill matmul and
     the fused SwiGLU run the GEMM on the float32 activations, the matmul's output float32
     and the SwiGLU's bf16 (the down projection's input)."""
