@@ -87,7 +87,8 @@ class WeightOps:
             found = dense_gemv(self, w, x.shape[0])
             if found is not None:  # decode: the native GEMV reads the 16-bit rows once
                 return dense_native(self).gemv_dense(found[0], (w,), x)
-            return F.linear(x, w)
+            # 16-bit weights of a float32 backend (a CPU's default) widen per matmul
+            return F.linear(x, to_dtype(w, x.dtype))
         return w.matmul(x)
 
     def _tiles_of(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
@@ -165,7 +166,8 @@ class WeightOps:
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         # rows of a weight (token embeddings) enter the activations in their dtype
         rows = F.embedding(self._index(ids), w) if isinstance(w, torch.Tensor) else w.get_rows(ids)
-        return to_dtype(rows, self.act_dtype) if rows.dtype == self.torch_dtype else rows
+        in_place = rows.dtype in (torch.float16, torch.bfloat16) and self.dtype == "f32"
+        return to_dtype(rows, self.act_dtype) if rows.dtype == self.torch_dtype or in_place else rows
 
     def linear(self, x, w, bias, activation="", residual=None):
         if isinstance(w, torch.Tensor):

@@ -5,10 +5,11 @@ rounded to nearest-even, with NaNs forced to quiet NaNs, exactly as ggml's
 ``ggml_compute_fp32_to_bf16`` does. A float weight is already in a form every backend
 multiplies directly: the backend converts it once to its compute dtype when loading. On the
 torch CPU backend the weight kernel here takes an F16/BF16 matrix from the file's bytes:
-in the compute dtype itself as a tensor over those bytes (no copy, nothing converted at
-load; its decode matmuls read them through the native dense GEMV), in another dtype
-converted once (F16 to bf16 by the native kernels where they pass their self-test, else in
-torch), without numpy's float32 copy.
+in the compute dtype itself, or in a float32 that is the default of a CPU without fast bf16
+(not one asked for by name), as a tensor over those bytes (no copy, nothing converted at
+load; its decode matmuls read them through the native dense GEMV, a float32 prefill widens
+them per matmul), in another dtype converted once (F16 to bf16 by the native kernels where
+they pass their self-test, else in torch), without numpy's float32 copy.
 """
 
 from __future__ import annotations
@@ -93,7 +94,10 @@ def in_place_kernel(name: str) -> WeightKernel:
 
         rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
         values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
-        if backend.dtype == IN_PLACE_DTYPES[name]:
+        default_f32 = backend.dtype == "f32" and not getattr(backend, "exact_f32", True)
+        if backend.dtype == IN_PLACE_DTYPES[name] or default_f32:
+            # f32 as a CPU's default: the 16-bit values stay in place too (half the memory and
+            # the bytes decode reads); decode reads them on the native GEMV, prefill widens
             return values
         if name == "F16" and backend.dtype == "bf16":
             from tessera.backends.torch.dense_native import f16_to_bf16

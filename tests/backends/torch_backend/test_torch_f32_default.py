@@ -57,7 +57,7 @@ def test_f32_by_default_is_not_exact_f32_by_name_is(no_fast_bf16, monkeypatch):
     assert RUNTIME.create_backend("torch", device="cpu").dtype == "bf16"
 
 
-@pytest.fixture(scope="module", params=["q8_0", "q4_0", "q4_k"])
+@pytest.fixture(scope="module", params=["q8_0", "q4_0", "q4_k", "f16"])
 def model_path(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     return make_gguf(
@@ -99,3 +99,14 @@ def test_the_native_kernels_serve_it_within_the_bf16_paths_error(no_fast_bf16, m
     assert fast_err.max() > 0  # the int8 paths ran, not the exact ones
     assert np.all(fast_err <= 1.5 * bf16_err + 1e-3 * np.abs(exact).max(axis=1))
     assert np.mean(fast.argmax(axis=1) == exact.argmax(axis=1)) >= 0.9
+
+
+def test_16_bit_weights_stay_in_the_file_and_f32_asked_for_widens_them(no_fast_bf16, tmp_path):
+    import torch
+
+    path = make_gguf(tmp_path / "m.gguf", "qwen2", qtype="f16", seed=1, n_embd=64, n_layer=1)
+    default = load_model(path, RUNTIME, "torch", device="cpu", dtype=None).weights
+    exact = load_model(path, RUNTIME, "torch", device="cpu", dtype="f32").weights
+    name = "blk.0.ffn_up.weight"
+    assert default[name].dtype == torch.float16 and exact[name].dtype == torch.float32
+    assert torch.equal(default[name].float(), exact[name])
