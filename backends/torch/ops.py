@@ -72,6 +72,7 @@ class TorchBackend(
         self._block_structs: dict[int, tuple[Any, Any]] = {}
         self._block_step: tuple[Any, ...] | None = None
         self._packed_linear: PackedLinear | None = None  # made on first use
+        self._widen_buffer: torch.Tensor | None = None  # 16-bit weights widened per matmul
         self._chunked_delta: Choice | None = None  # the gated delta rule's path, on first use
 
     # -- capability probe and setup --------------------------------------------------
