@@ -185,8 +185,10 @@ class WeightOps:
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         # rows of a weight (token embeddings) enter the activations in their dtype
         rows = F.embedding(self._index(ids), w) if isinstance(w, torch.Tensor) else w.get_rows(ids)
-        in_place = rows.dtype in (torch.float16, torch.bfloat16) and self.dtype == "f32"
-        return to_dtype(rows, self.act_dtype) if rows.dtype == self.torch_dtype or in_place else rows
+        # (and a float32 default's 16-bit weights, kept as the file's values, widen here)
+        widen = rows.dtype == self.torch_dtype
+        widen = widen or (self.dtype == "f32" and rows.dtype in (torch.float16, torch.bfloat16))
+        return to_dtype(rows, self.act_dtype) if widen else rows
 
     def linear(self, x, w, bias, activation="", residual=None):
         if isinstance(w, torch.Tensor):
