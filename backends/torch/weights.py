@@ -100,7 +100,7 @@ class WeightOps:
         matmul, into a buffer the next one reuses (a fresh tensor faulted in its pages:
         3.8 ms against 0.5 ms for a 4864x896 weight); weights over
         :data:`MAX_WIDEN_BUFFER` values (an LM head) get a tensor of their own."""
-        if w.dtype == dtype:
+        if w.dtype == dtype or self.dtype != "f32":
             return w
         n = w.numel()
         if n > MAX_WIDEN_BUFFER or w.device.type != "cpu":

@@ -94,14 +94,16 @@ def in_place_kernel(name: str) -> WeightKernel:
 
         rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
         values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
+        from tessera.backends.torch.dense_native import dense_native, f16_to_bf16
+
+        if backend.dtype == IN_PLACE_DTYPES[name]:
+            return values
         default_f32 = backend.dtype == "f32" and not getattr(backend, "exact_f32", True)
-        if backend.dtype == IN_PLACE_DTYPES[name] or default_f32:
+        if default_f32 and dense_native(backend) is not None:
             # f32 as a CPU's default: the 16-bit values stay in place too (half the memory and
-            # the bytes decode reads); decode reads them on the native GEMV, prefill widens
+            # the bytes decode reads), decoded on the native dense GEMV, widened for prefill
             return values
         if name == "F16" and backend.dtype == "bf16":
-            from tessera.backends.torch.dense_native import f16_to_bf16
-
             return f16_to_bf16(backend, values)
         return values.to(backend.torch_dtype)
 
