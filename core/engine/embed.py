@@ -59,8 +59,11 @@ def normalize(x: np.ndarray, mode: int = 2) -> np.ndarray:
     elif mode == 2:
         x64 = x.astype(np.float64)
         norm = np.sqrt((x64 * x64).sum(axis=-1, keepdims=True))
-    else:
-        norm = (np.abs(x.astype(np.float64)) ** mode).sum(axis=-1, keepdims=True) ** (1.0 / mode)
+    else:  # the p-norm of the rows scaled by their largest value, so a large p cannot overflow
+        a = np.abs(x.astype(np.float64))
+        top = a.max(axis=-1, keepdims=True)
+        scaled = np.divide(a, top, out=np.zeros_like(a), where=top > 0)
+        norm = top * (scaled**mode).sum(axis=-1, keepdims=True) ** (1.0 / mode)
     out = np.zeros(x.shape, np.result_type(x, norm))  # rows of norm 0 stay 0, no warning
     return np.divide(x, norm, out=out, where=norm > 0).astype(np.float32)
 

@@ -41,6 +41,9 @@ def test_normalize_modes_follow_llama_cpp():
     p3 = (27 + 64) ** (1 / 3)
     np.testing.assert_allclose(normalize(x, 3)[0], [3 / p3, -4 / p3, 0], rtol=1e-6)
     assert not normalize(x, 2)[1].any()  # a zero vector stays zero, no NaN
+    # a p whose powers overflow float64 (|x|^p) still gives the p-norm, close to max|x|
+    with np.errstate(all="raise"):
+        np.testing.assert_allclose(normalize(x * 1e3, 400)[0], [0.75, -1.0, 0], rtol=1e-6)
 
 
 def test_classifier_activations():
