@@ -47,8 +47,13 @@ def test_the_switch_forces_the_cpus_answer(monkeypatch):
 def test_f32_by_default_is_not_exact_f32_by_name_is(no_fast_bf16, monkeypatch):
     default = RUNTIME.create_backend("torch", device="cpu")
     assert default.dtype == "f32" and not default.exact_f32
+    assert default.paths["compute dtype"] == (
+        "f32",
+        "no fast bf16 units (TESSERA_TORCH_FAST_BF16=0): f32 with the native kernels",
+    )
     asked = RUNTIME.create_backend("torch", device="cpu", dtype="f32")
     assert asked.exact_f32
+    assert asked.paths["compute dtype"] == ("f32", "asked for: the exact torch paths")
     assert "keeps the exact torch paths" in native_probe.status(asked).reason
     monkeypatch.setenv("TESSERA_TORCH_DTYPE", "f32")
     assert RUNTIME.create_backend("torch", device="cpu").exact_f32
