@@ -105,9 +105,9 @@ static int vg_offset(int type) {
     }
 }
 
-/* A block's 32 codes as unsigned bytes in value order (each block starts with its f16 scale,
- * Q4_1 / Q5_1 then their f16 minimum; 4-bit codes: low nibbles are values 0..15, high
- * nibbles 16..31). */
+/* A block's 32 codes as unsigned bytes in value order, signed ones for the vg_signed types
+ * (each block starts with its f16 scale, Q4_1 / Q5_1 then their f16 minimum; 4-bit codes:
+ * low nibbles are values 0..15, high nibbles 16..31). */
 static inline __m256i vg_codes(const uint8_t *blk, int type) {
     const __m256i flip = _mm256_set1_epi8(vg_signed(type) ? 0 : (char)0x80);
     switch (type) {
@@ -120,7 +120,6 @@ static inline __m256i vg_codes(const uint8_t *blk, int type) {
     default: return nibbles32(blk + 2);
     }
 }
-
 
 /* The vector width's types and operations (a lane is one weight row). */
 #if TSR_ZMM
