@@ -174,7 +174,9 @@ def check_runs(path: Path) -> None:
     os.replace(tmp, marker)
 
 
-def load(path: Path) -> NativeGemv:
+def load(path: Path, portable: bool = False) -> NativeGemv:
+    """The library at ``path`` loaded, its AMX and int8-GEMM choices made; ``portable``: the
+    quantized decode GEMV on its plain C loops (``TESSERA_NATIVE_PATH=portable``)."""
     check_runs(path)
     lib = ctypes.CDLL(str(path))
     if lib.tsr_native_abi() != ABI:
@@ -242,5 +244,6 @@ def load(path: Path) -> NativeGemv:
 
     native.amx_choice = choose(NATIVE_AMX_DISABLE, amx_probe, on="on", off="off")
     native.amx = native.amx_choice.path == "on"
-    native.choose_vnni_gemm(native.amx)
+    native.portable = portable
+    native.choose_vnni_gemm(native.amx, portable)
     return native

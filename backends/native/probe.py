@@ -84,10 +84,8 @@ def _probe(backend: Any) -> NativeStatus:
         return NativeStatus(None, unavailable)
     path, why = cpu_paths.forced_path(library.cpu_flags())
     try:
-        gemv = library.load(library.build(flags=cpu_paths.build_flags(path, library.CFLAGS)))
-        gemv.portable = path == "portable"
-        if gemv.portable:
-            gemv.choose_vnni_gemm(gemv.amx, portable=True)
+        flags = cpu_paths.build_flags(path, library.CFLAGS)
+        gemv = library.load(library.build(flags=flags), portable=path == "portable")
         gemv.path_reason = f"{why}; self-test passed"
         if not selftest.self_test(gemv):
             return NativeStatus(None, "self-test against numpy failed")

@@ -172,11 +172,10 @@ def create(device: str | None = None, dtype: str | None = None) -> Any:
         ) from exc
     dev = pick_device(device)
     picked = pick_dtype(dtype, dev)
-    backend = TorchBackend(dev, picked)
     asked = dtype is not None or text(TORCH_DTYPE) is not None
     # f32 asked for by name keeps the exact torch matmuls; f32 as a CPU's default (no fast
     # bf16 units) lets the native kernels round activations to int8 blocks, as llama.cpp does
-    backend.exact_f32 = picked == "f32" and asked
+    backend = TorchBackend(dev, picked, exact_f32=picked == "f32" and asked)
     backend.record_path("compute dtype", Choice(picked, _dtype_reason(picked, asked, dev)))
     return backend
 
@@ -186,7 +185,8 @@ def _dtype_reason(picked: str, asked: bool, device: Any) -> str:
         return "asked for" + (": the exact torch paths" if picked == "f32" else "")
     if device.type != "cpu":
         return "the GPU computes in bf16" if picked == "bf16" else "the GPU has no bf16"
-    forced = f" ({FAST_BF16.name}={text(FAST_BF16)})" if text(FAST_BF16) != "auto" else ""
+    fast_bf16 = text(FAST_BF16)
+    forced = f" ({FAST_BF16.name}={fast_bf16})" if fast_bf16 != "auto" else ""
     if picked == "bf16":
         return f"the CPU's fast bf16 units{forced}"
     return f"no fast bf16 units{forced}: f32 with the native kernels"

@@ -47,14 +47,15 @@ class TorchBackend(
 
     name = "torch"
 
-    def __init__(self, device: torch.device, dtype: str) -> None:
+    def __init__(self, device: torch.device, dtype: str, exact_f32: bool | None = None) -> None:
         super().__init__()
         self.torch_device = device
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.device = str(device)
         self.dtype = dtype
-        #: f32 asked for by name: the exact torch paths, no native kernels (backend.create)
-        self.exact_f32 = dtype == "f32"
+        #: f32 asked for by name: the exact torch paths, no native kernels (None: any f32;
+        #: backend.create passes whether it was asked for)
+        self.exact_f32 = dtype == "f32" if exact_f32 is None else exact_f32
         #: The dtype of the tensors between ops (float32 with bf16 weights on the CPU).
         choice = self.record_path("activations", choose_activations(device, self.torch_dtype))
         self.act_dtype = TORCH_DTYPES[choice.path]

@@ -1,5 +1,5 @@
-"""The loaded native kernels for the tests of this folder (:func:`native`), and a failure
-where they should exist but do not."""
+"""The loaded native kernels for the backend tests (:func:`native`: the native kernels' own
+and the torch backend's that run on them), and a failure where they should exist but do not."""
 
 from __future__ import annotations
 
