@@ -37,6 +37,12 @@ NATIVE_CONVERT_DISABLE = Switch(
     "F16 weights are converted to bf16 at load by torch's cast instead of the native one",
     OFF,
 )
+F16_IN_PLACE_DISABLE = Switch(
+    "TESSERA_F16_IN_PLACE_DISABLE",
+    "an F16 file's weights are converted to bf16 at load even where the AMX tiles and the "
+    "dense GEMV read them as they are in the file",
+    OFF,
+)
 #: What ``tsr_dense_path()`` answers: the instructions this build multiplies with.
 DENSE_PATHS = {2: "AVX512-BF16 vdpbf16ps", 1: "AVX512F", 0: "AVX2 + F16C"}
 

@@ -44,8 +44,9 @@ from tessera.switches import Choice
 AMX_MIN_ROWS = 16
 #: Block bytes per 32 weights of the types native_gemv.c reads.
 TYPE_SIZES = {"Q4_0": 18, "Q8_0": 34}
-#: Bytes per 32 weights of each weight kind the AMX tiles read (BF16: 32 values as stored).
-TILE_TYPE_SIZES = {**TYPE_SIZES, "BF16": 64}
+#: GGML type numbers of the weight kinds the AMX tiles read (BF16 and F16: 2-D tensors of
+#: the values, F16 rounded to bf16 as each block enters a tile).
+TILE_TYPES = {"Q4_0": 2, "Q8_0": 8, "BF16": 30, "F16": 1}
 #: GGML type numbers of every type the decoder block (``tsr_block_decode``) takes, and the
 #: 4-row Q4_0 layout's code.
 BLOCK_GGML_TYPES = {"Q4_0": 2, "Q8_0": 8, KIND: BLOCK_TYPE, **GGML_TYPES, **DENSE_TYPES}
@@ -216,7 +217,7 @@ class NativeGemv(TypedGemv, DenseGemv, KVAttention, PortableGemv, Q4_0x4Gemv, Vn
         aligned = -self._amx_scratch.data_ptr() % 64
         y = self._empty((n_rows, n_out), dtype=out_dtype or x.dtype)
         done = fn(
-            TILE_TYPE_SIZES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
+            TILE_TYPES[kind], *(w.data_ptr() for w in ws), n_out, n_in, x.data_ptr(), n_rows,
             y.data_ptr(), self._amx_scratch.data_ptr() + aligned, threads,
         )  # fmt: skip
         return y if done else None

@@ -47,8 +47,8 @@ HEADERS = (_HERE / "native_common.h", _HERE / "native_quant.h", _HERE / "native_
            _HERE / "native_transpose.h")  # fmt: skip
 NATIVE_AMX_DISABLE = Switch(
     "TESSERA_NATIVE_AMX_DISABLE",
-    "Q4_0/Q8_0 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off the AMX "
-    "tiles (the other native kernels stay on)",
+    "Q4_0/Q8_0/BF16/F16 matmuls of 16 rows or more and the fused gate/up SwiGLU stay off "
+    "the AMX tiles (the other native kernels stay on)",
     OFF,
 )
 #: The variable's name, for callers that set it.
@@ -220,7 +220,7 @@ def load(path: Path, portable: bool = False) -> NativeGemv:
     declare_portable(lib)
     declare_q4_0_x4(lib)
     declare_vnni_gemm(lib)
-    # (type size, weight(s), n_out, n_in, x, rows, y, scratch, threads)
+    # (GGML type, weight(s), n_out, n_in, x, rows, y, scratch, threads)
     after_weights = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     after_weights += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     for suffix in ("", "_f32"):  # y bf16 or float32 (float32 activations)

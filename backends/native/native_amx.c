@@ -1,10 +1,11 @@
-/* Prefill matmuls of Q4_0 / Q8_0 / BF16 weights on the AMX tile units (bf16), dequantizing
- * the weights into tiles on the way: tessera's native kernels, built with native_gemv.c into
- * one library by tessera/backends/native/kernels.py.
+/* Prefill matmuls of Q4_0 / Q8_0 / BF16 / F16 weights on the AMX tile units (bf16),
+ * dequantizing the weights into tiles on the way: tessera's native kernels, built with
+ * native_gemv.c into one library by tessera/backends/native/kernels.py.
  *
  * y (m, n) = x (m, k) @ W.T with x bfloat16 and y bfloat16 or float32 (the accumulators
- * unrounded: float32 activations), W n rows of GGUF block bytes (a BF16 row's "blocks" are
- * its runs of 32 values, 64 bytes, already bf16). A
+ * unrounded: float32 activations), W n rows of GGUF block bytes (a BF16 or F16 row's
+ * "blocks" are its runs of 32 values, 64 bytes; F16 values are rounded to bf16 as they
+ * enter a tile, as converting the weight first would). A
  * TDPBF16PS multiplies a 16 x 32 bf16 tile of x (16 rows, 32 inputs: straight from x with
  * x's row stride) by a 32 x 16 tile of W.T held as 16 rows of input pairs (the "VNNI"
  * layout: row p holds (W[j][2p], W[j][2p + 1]) for 16 output columns j), adding into a
@@ -38,6 +39,19 @@
 #define AMX_STRIP 32 /* output columns per strip: two W tiles */
 #define AMX_ROWS 32  /* rows of x per step: two x tiles */
 #define TILE_BYTES 1024
+
+/* The weight formats the tiles read, by GGML type number, and their bytes per 32 values. */
+enum { GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+
+static int tile_type_size(int ggml_type) {
+    switch (ggml_type) {
+    case GGML_Q4_0: return 18;
+    case GGML_Q8_0: return 34;
+    case GGML_F16:
+    case GGML_BF16: return 64;
+    default: return 0;
+    }
+}
 
 /* Scratch bytes one thread needs for inputs of length k: a strip's W tiles and the
  * zero-padded last rows of x. The caller passes n_threads times this. */
@@ -95,6 +109,11 @@ static inline __m512i q4_0_pairs(const uint8_t *blk) {
 
 static inline __m512i bf16_pairs(const uint8_t *blk) { return _mm512_loadu_si512(blk); }
 
+static inline __m512i f16_pairs(const uint8_t *blk) {
+    return pairs_of(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk)),
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32))));
+}
+
 static inline __m512i q8_0_pairs(const uint8_t *blk) {
     uint16_t h;
     memcpy(&h, blk, 2);
@@ -109,15 +128,16 @@ static inline __m512i q8_0_pairs(const uint8_t *blk) {
 /* The W tiles of a strip for every 32 inputs: tiles[2 * kb + h] holds the 16 weight rows
  * (output columns) starting at half[h], input block kb, as rows of input pairs. */
 static void dequantize_strip(const uint8_t *const half[2], int64_t row_bytes, int64_t nb,
-                             int type_size, uint8_t *tiles) {
+                             int ggml_type, int type_size, uint8_t *tiles) {
     __m512i r[16];
     for (int64_t kb = 0; kb < nb; kb++)
         for (int h = 0; h < 2; h++) {
             const uint8_t *blk = half[h] + kb * type_size;
             for (int j = 0; j < 16; j++, blk += row_bytes)
-                r[j] = type_size == 18   ? q4_0_pairs(blk)
-                       : type_size == 34 ? q8_0_pairs(blk)
-                                         : bf16_pairs(blk);
+                r[j] = ggml_type == GGML_Q4_0   ? q4_0_pairs(blk)
+                       : ggml_type == GGML_Q8_0 ? q8_0_pairs(blk)
+                       : ggml_type == GGML_F16  ? f16_pairs(blk)
+                                                : bf16_pairs(blk);
             transpose16_epi32(r);
             __m512i *tile = (__m512i *)(tiles + (2 * kb + h) * TILE_BYTES);
             for (int p = 0; p < 16; p++) _mm512_store_si512(tile + p, r[p]);
@@ -199,15 +219,15 @@ static void rows_times_strip(const uint8_t *xr, int64_t x_stride, const uint8_t 
 
 /* y (m, n) = x @ W.T (w2 NULL; n a multiple of 32) or silu(x @ W.T) * (x @ W2.T) (n a
  * multiple of 16), x (m, k) bfloat16 and y bfloat16 (float32 when out_f32), contiguous;
- * W, W2 n rows of Q4_0 (type_size 18), Q8_0 (34) or BF16 (64) blocks. scratch: n_threads *
- * tsr_amx_scratch_bytes(k) bytes, 64-byte aligned. Returns 0 (nothing written) where it
- * does not apply. */
-static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int64_t n,
+ * W, W2 n rows of blocks of the GGML type ggml_type (Q4_0, Q8_0, BF16 or F16). scratch:
+ * n_threads * tsr_amx_scratch_bytes(k) bytes, 64-byte aligned. Returns 0 (nothing written)
+ * where it does not apply. */
+static int matmul_tiles(int ggml_type, const uint8_t *w, const uint8_t *w2, int64_t n,
                         int64_t k, const uint16_t *x, int64_t m, void *y, int out_f32,
                         uint8_t *scratch, int n_threads) {
     const int64_t step = w2 ? AMX_STRIP / 2 : AMX_STRIP; /* output columns per strip */
-    const int known = type_size == 18 || type_size == 34 || type_size == 64;
-    if (n % step || k % 32 || m < 1 || !known) return 0;
+    const int type_size = tile_type_size(ggml_type);
+    if (n % step || k % 32 || m < 1 || !type_size) return 0;
     const int64_t nb = k / 32, row_bytes = nb * type_size, x_stride = k * 2;
     const int64_t per_thread = tsr_amx_scratch_bytes(k), full = m / AMX_ROWS * AMX_ROWS;
 #pragma omp parallel num_threads(n_threads) if (n_threads > 1)
@@ -224,7 +244,7 @@ static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int6
         for (int64_t j0 = 0; j0 < n; j0 += step) {
             const uint8_t *half[2] = {w + j0 * row_bytes,
                                       w2 ? w2 + j0 * row_bytes : w + (j0 + 16) * row_bytes};
-            dequantize_strip(half, row_bytes, nb, type_size, tiles);
+            dequantize_strip(half, row_bytes, nb, ggml_type, type_size, tiles);
             for (int64_t i0 = 0; i0 < full; i0 += AMX_ROWS)
                 rows_times_strip((const uint8_t *)x + i0 * x_stride, x_stride, tiles, nb, y, n,
                                  i0, AMX_ROWS, j0, w2 != NULL, out_f32);
@@ -237,28 +257,28 @@ static int matmul_tiles(int type_size, const uint8_t *w, const uint8_t *w2, int6
     return 1;
 }
 
-int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+int tsr_matmul_amx(int ggml_type, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                    int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
-    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, 0, scratch, n_threads);
+    return matmul_tiles(ggml_type, w, NULL, n, k, x, m, y, 0, scratch, n_threads);
 }
 
 /* An FFN's gate and up projections and silu(gate) * up in one pass (see matmul_tiles). */
-int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+int tsr_swiglu_amx(int ggml_type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                    int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
                    int n_threads) {
-    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, 0, scratch, n_threads);
+    return matmul_tiles(ggml_type, w_gate, w_up, n, k, x, m, y, 0, scratch, n_threads);
 }
 
 /* The same two with y float32: the sums unrounded, for float32 activations. */
-int tsr_matmul_amx_f32(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+int tsr_matmul_amx_f32(int ggml_type, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                        int64_t m, float *y, uint8_t *scratch, int n_threads) {
-    return matmul_tiles(type_size, w, NULL, n, k, x, m, y, 1, scratch, n_threads);
+    return matmul_tiles(ggml_type, w, NULL, n, k, x, m, y, 1, scratch, n_threads);
 }
 
-int tsr_swiglu_amx_f32(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+int tsr_swiglu_amx_f32(int ggml_type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                        int64_t k, const uint16_t *x, int64_t m, float *y, uint8_t *scratch,
                        int n_threads) {
-    return matmul_tiles(type_size, w_gate, w_up, n, k, x, m, y, 1, scratch, n_threads);
+    return matmul_tiles(ggml_type, w_gate, w_up, n, k, x, m, y, 1, scratch, n_threads);
 }
 
 int tsr_native_amx(void) { return 1; }
@@ -267,23 +287,23 @@ int tsr_native_amx(void) { return 1; }
 
 int tsr_amx_init(void) { return 0; }
 
-int tsr_matmul_amx(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+int tsr_matmul_amx(int ggml_type, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                    int64_t m, uint16_t *y, uint8_t *scratch, int n_threads) {
     return 0;
 }
 
-int tsr_swiglu_amx(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+int tsr_swiglu_amx(int ggml_type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                    int64_t k, const uint16_t *x, int64_t m, uint16_t *y, uint8_t *scratch,
                    int n_threads) {
     return 0;
 }
 
-int tsr_matmul_amx_f32(int type_size, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
+int tsr_matmul_amx_f32(int ggml_type, const uint8_t *w, int64_t n, int64_t k, const uint16_t *x,
                        int64_t m, float *y, uint8_t *scratch, int n_threads) {
     return 0;
 }
 
-int tsr_swiglu_amx_f32(int type_size, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
+int tsr_swiglu_amx_f32(int ggml_type, const uint8_t *w_gate, const uint8_t *w_up, int64_t n,
                        int64_t k, const uint16_t *x, int64_t m, float *y, uint8_t *scratch,
                        int n_threads) {
     return 0;

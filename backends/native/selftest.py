@@ -179,15 +179,21 @@ def q4_0_x4_ok(native: NativeGemv, rng: np.random.Generator) -> bool:
 
 
 def tiles_ok(native: NativeGemv) -> bool:
-    """The AMX matmul on random Q8_0 / Q4_0 weights (a ragged last row block) vs numpy:
-    within bf16's rounding of each output and float32 sums of the dequantized weights."""
+    """The AMX matmul on random Q8_0 / Q4_0 / F16 weights (a ragged last row block) vs
+    numpy: within bf16's rounding of each output and float32 sums of the weights' values
+    rounded to bf16."""
     import torch
 
     rng = np.random.default_rng(1)
-    for qmod, name in ((_GgufOracle("Q8_0"), "Q8_0"), (_GgufOracle("Q4_0"), "Q4_0")):
+    for name in ("Q8_0", "Q4_0", "F16"):
         w = rng.standard_normal((64, 96)).astype(np.float32)
-        raw = torch.from_numpy(qmod.quantize(w))
-        dense = torch.from_numpy(qmod.dequantize(raw.numpy())).bfloat16().double().numpy()
+        if name == "F16":
+            raw = torch.from_numpy(w.astype(np.float16))
+            dense = raw.bfloat16().double().numpy()
+        else:
+            qmod = _GgufOracle(name)
+            raw = torch.from_numpy(qmod.quantize(w))
+            dense = torch.from_numpy(qmod.dequantize(raw.numpy())).bfloat16().double().numpy()
         x = torch.from_numpy(rng.standard_normal((35, 96)).astype(np.float32)).bfloat16()
         got = native.matmul_tiles(name, raw, x)
         if got is None:

@@ -232,7 +232,11 @@ def tessera_register_block_fusions(register):
 @hookimpl
 def tessera_register_switches(register):
     from tessera.backends.native.cpu_paths import NATIVE_PATH
-    from tessera.backends.native.dense_gemv import NATIVE_CONVERT_DISABLE, NATIVE_DENSE_DISABLE
+    from tessera.backends.native.dense_gemv import (
+        F16_IN_PLACE_DISABLE,
+        NATIVE_CONVERT_DISABLE,
+        NATIVE_DENSE_DISABLE,
+    )
     from tessera.backends.native.library import NATIVE_AMX_DISABLE
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
     from tessera.backends.native.vnni_gemm import NATIVE_VNNI_GEMM_DISABLE
@@ -247,4 +251,5 @@ def tessera_register_switches(register):
     register(NATIVE_QUANT_DISABLE)
     register(NATIVE_DENSE_DISABLE)
     register(NATIVE_CONVERT_DISABLE)
+    register(F16_IN_PLACE_DISABLE)
     register(NATIVE_PATH)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tessera.backends.native.dense_gemv import (
+    F16_IN_PLACE_DISABLE,
     NATIVE_CONVERT_DISABLE,
     NATIVE_DENSE_DISABLE,
     NATIVE_DENSE_MAX_ROWS,
@@ -84,3 +85,28 @@ def f16_to_bf16(backend: Any, values: torch.Tensor) -> torch.Tensor:
     if native is None or not values.is_contiguous():
         return values.to(torch.bfloat16)
     return native.f16_to_bf16(values)
+
+
+def f16_in_place(backend: Any) -> bool:
+    """Whether an F16 file's weights stay as the file's values on the bf16 ``backend``: where
+    the AMX tiles take its prefill matmuls (rounding each block to bf16 as it enters a
+    tile) and the dense GEMV its decode rows, so nothing is converted at load (0.27 s and
+    2 bytes per weight for a 0.5B model) and decode reads the exact values. Elsewhere
+    (torch's matmul would convert them every time) they are converted once at load.
+    Chosen once per backend (``TESSERA_F16_IN_PLACE_DISABLE``), recorded as its ``"F16
+    weights"`` path."""
+    cache = backend.probe_cache
+    if "f16 in place" not in cache:
+
+        def probe() -> tuple[bool, str]:
+            native = dense_native(backend)
+            if native is None:
+                return False, f"no native dense GEMV ({backend.paths['native dense matmuls']})"
+            if not native.amx:
+                return False, f"no AMX tiles for prefill ({native.amx_choice})"
+            return True, "the file's values: AMX tiles for prefill, the dense GEMV for decode"
+
+        choice = choose(F16_IN_PLACE_DISABLE, probe, on="in place", off="converted to bf16")
+        backend.record_path("F16 weights", choice)
+        cache["f16 in place"] = choice.path == "in place"
+    return cache["f16 in place"]

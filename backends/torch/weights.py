@@ -42,6 +42,8 @@ def disabled_kernels() -> set[str]:
 #: The most values a widened 16-bit weight takes from the reused buffer (256 MB of float32:
 #: every layer matrix of an 8B model; its LM head is larger).
 MAX_WIDEN_BUFFER = 64 << 20
+#: The AMX tiles' kind of each dense weight dtype they read.
+TILE_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 class WeightOps:
@@ -92,15 +94,21 @@ class WeightOps:
             found = dense_gemv(self, w, x.shape[0])
             if found is not None:  # decode: the native GEMV reads the 16-bit rows once
                 return dense_native(self).gemv_dense(found[0], (w,), x)
+            if w.dtype == torch.float16 and x.dtype == torch.bfloat16:
+                tiles = self._tiles_of(w, x.shape[0])  # an F16 file's values kept in place
+                y = self._native().matmul_tiles(*tiles, x) if tiles else None
+                if y is not None:
+                    return y
             return F.linear(x, self._widened(w, x.dtype))
         return w.matmul(x)
 
     def _widened(self, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """``w`` in ``dtype``: a float32 default's 16-bit weight widened for one prefill
-        matmul, into a buffer the next one reuses (a fresh tensor faulted in its pages:
-        3.8 ms against 0.5 ms for a 4864x896 weight); weights over
+        """``w`` in ``dtype`` for one prefill matmul: a float32 default's 16-bit weight
+        widened, or an F16 weight kept in place (for the AMX tiles) rounded to bf16 where
+        they do not take the matmul, into a buffer the next one reuses (a fresh tensor
+        faulted in its pages: 3.8 ms against 0.5 ms for a 4864x896 weight); weights over
         :data:`MAX_WIDEN_BUFFER` values (an LM head) get a tensor of their own."""
-        if w.dtype == dtype or self.dtype != "f32":
+        if w.dtype == dtype or not w.is_floating_point():
             return w
         n = w.numel()
         if n > MAX_WIDEN_BUFFER or w.device.type != "cpu":
@@ -112,15 +120,16 @@ class WeightOps:
 
     def _tiles_of(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, what the AMX tiles read)`` when a matmul of ``n_rows`` rows by ``w`` can
-        run on them: a quantized weight's ``native_tiles``, or a plain 2-D bf16 CPU tensor
-        (``"BF16"``) where the tiles serve this shape; else None."""
+        run on them: a quantized weight's ``native_tiles``, or a plain 2-D bf16 / f16 CPU
+        tensor (``"BF16"`` / ``"F16"``) where the tiles serve this shape; else None."""
         if not isinstance(w, torch.Tensor):
             return getattr(w, "native_tiles", _no_native)(n_rows)
         native = self._native()
-        if native is None or w.dim() != 2 or w.dtype != torch.bfloat16 or not w.is_contiguous():
+        kind = TILE_KINDS.get(w.dtype)
+        if native is None or kind is None or w.dim() != 2 or not w.is_contiguous():
             return None
-        ok = w.device.type == "cpu" and native.tiles_serve(n_rows, w.shape[0], w.dtype)
-        return ("BF16", w) if ok and w.shape[1] % 32 == 0 else None
+        ok = w.device.type == "cpu" and native.tiles_serve(n_rows, w.shape[0], torch.bfloat16)
+        return (kind, w) if ok and w.shape[1] % 32 == 0 else None
 
     def _native_gemv(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, what the native kernel reads)`` when a matmul of ``n_rows`` rows by ``w``
@@ -185,9 +194,8 @@ class WeightOps:
     def get_rows(self, w: Any, ids: np.ndarray) -> torch.Tensor:
         # rows of a weight (token embeddings) enter the activations in their dtype
         rows = F.embedding(self._index(ids), w) if isinstance(w, torch.Tensor) else w.get_rows(ids)
-        # (and a float32 default's 16-bit weights, kept as the file's values, widen here)
-        widen = rows.dtype == self.torch_dtype
-        widen = widen or (self.dtype == "f32" and rows.dtype in (torch.float16, torch.bfloat16))
+        # (and 16-bit weights kept as the file's values in another compute dtype widen here)
+        widen = rows.dtype == self.torch_dtype or rows.dtype in TILE_KINDS
         return to_dtype(rows, self.act_dtype) if widen else rows
 
     def linear(self, x, w, bias, activation="", residual=None):

@@ -5,11 +5,12 @@ rounded to nearest-even, with NaNs forced to quiet NaNs, exactly as ggml's
 ``ggml_compute_fp32_to_bf16`` does. A float weight is already in a form every backend
 multiplies directly: the backend converts it once to its compute dtype when loading. On the
 torch CPU backend the weight kernel here takes an F16/BF16 matrix from the file's bytes:
-in the compute dtype itself, or in a float32 that is the default of a CPU without fast bf16
-(not one asked for by name), as a tensor over those bytes (no copy, nothing converted at
-load; its decode matmuls read them through the native dense GEMV, a float32 prefill widens
-them per matmul), in another dtype converted once (F16 to bf16 by the native kernels where
-they pass their self-test, else in torch), without numpy's float32 copy.
+in the compute dtype itself, in a float32 that is the default of a CPU without fast bf16
+(not one asked for by name), or F16 in bf16 where the AMX tiles take prefill, as a tensor
+over those bytes (no copy, nothing converted at load; its decode matmuls read them through
+the native dense GEMV, a float32 prefill widens them per matmul, the AMX tiles round F16
+to bf16 block by block), in another dtype converted once (F16 to bf16 by the native
+kernels where they pass their self-test, else in torch), without numpy's float32 copy.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def in_place_kernel(name: str) -> WeightKernel:
 
         rows = np.ascontiguousarray(raw.data, dtype=np.uint8).reshape(raw.shape[0], -1)
         values = file_bytes_tensor(rows).view(getattr(torch, TORCH_VIEW_DTYPES[name]))
-        from tessera.backends.torch.dense_native import dense_native, f16_to_bf16
+        from tessera.backends.torch.dense_native import dense_native, f16_in_place, f16_to_bf16
 
         if backend.dtype == IN_PLACE_DTYPES[name]:
             return values
@@ -104,7 +105,8 @@ def in_place_kernel(name: str) -> WeightKernel:
             # the bytes decode reads), decoded on the native dense GEMV, widened for prefill
             return values
         if name == "F16" and backend.dtype == "bf16":
-            return f16_to_bf16(backend, values)
+            # in place where the AMX tiles round each block as they read it, else once here
+            return values if f16_in_place(backend) else f16_to_bf16(backend, values)
         return values.to(backend.torch_dtype)
 
     description = "the file's 16-bit values in place (or converted once in torch)"

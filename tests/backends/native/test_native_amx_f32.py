@@ -26,21 +26,22 @@ def tiles():
 
 def weight(name, n_out, n_in, rng):
     """``(weight for the kernel, its values as float64 after the rounding to bf16)``."""
-    if name == "BF16":
-        w = torch.from_numpy(rng.standard_normal((n_out, n_in)).astype(np.float32)).bfloat16()
-        return w, w.double().numpy()
+    if name in ("BF16", "F16"):
+        w = torch.from_numpy(rng.standard_normal((n_out, n_in)).astype(np.float32))
+        w = w.bfloat16() if name == "BF16" else w.half()
+        return w, w.bfloat16().double().numpy()
     raw = weight_bytes(name, n_out, n_in, rng)
     return torch.from_numpy(raw), raw
 
 
 def reference(name, w, values, x):
-    if name == "BF16":
+    if name in ("BF16", "F16"):
         xs = x.double().numpy()
         return xs @ values.T, np.abs(xs) @ np.abs(values).T
     return tiles_reference(name, values, x)
 
 
-@pytest.mark.parametrize("name", ["BF16", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("name", ["BF16", "F16", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n_out, n_in, rows", [(32, 32, 16), (64, 96, 33), (160, 896, 70)])
 def test_float32_tiles_match_numpy_without_rounding(
@@ -56,11 +57,11 @@ def test_float32_tiles_match_numpy_without_rounding(
     err = np.abs(got.double().numpy() - want)
     assert np.all(err <= 1e-5 * exact + 1e-30), err.max()  # float32 sums only
     assert (got != got.bfloat16().float()).float().mean() > 0.9  # not rounded to bf16
-    if name != "BF16":  # the bf16 kernel's output is this one rounded to bf16
+    if name != "BF16":  # the bf16 kernel's output is this one rounded to bf16 (F16 included)
         assert torch.equal(tiles.matmul_tiles(name, w, x), got.bfloat16())
 
 
-@pytest.mark.parametrize("name", ["BF16", "Q8_0"])
+@pytest.mark.parametrize("name", ["BF16", "F16", "Q8_0"])
 def test_float32_swiglu_tiles_match_numpy(tiles, name):
     rng = np.random.default_rng(7)
     (wg, vg), (wu, vu) = (weight(name, 48, 96, rng) for _ in range(2))
@@ -81,7 +82,8 @@ def test_float32_tiles_take_only_what_they_serve(tiles):
     w = torch.randn(64, 64)
     assert tiles_f32(tiles, "BF16", (w,), x) is None  # float32 weights: not a BF16 tensor
     assert tiles_f32(tiles, "BF16", (w.bfloat16(),), x[:15]) is None  # too few rows
-    assert tiles_f32(tiles, "F16", (w.half(),), x) is None  # a kind the tiles do not read
+    assert tiles_f32(tiles, "F16", (w.bfloat16(),), x) is None  # not an F16 tensor
+    assert tiles_f32(tiles, "Q5_0", (w.half(),), x) is None  # a kind the tiles do not read
 
 
 def test_float32_activations_take_the_float32_tiles_from_16_rows(tiles, monkeypatch):

@@ -38,6 +38,7 @@ def raw_weight(kind, shape=(16, 64)):
 @pytest.mark.parametrize("native_convert", ["on", "off"])
 def test_kernel_weight_equals_the_numpy_conversion(kind, dtype, shape, native_convert, monkeypatch):
     monkeypatch.setenv("TESSERA_NATIVE_CONVERT_DISABLE", "1" if native_convert == "off" else "0")
+    monkeypatch.setenv("TESSERA_F16_IN_PLACE_DISABLE", "1")  # F16 converted even with AMX
     raw = raw_weight(kind, shape)
     qt = RUNTIME.quant_type_by_name(kind)
     b = backend(dtype)
@@ -73,3 +74,40 @@ def test_disabling_the_kernel_converts_through_numpy(kind, monkeypatch):
 def test_other_devices_decline():
     kernel = RUNTIME.weight_kernels()[("torch", "F16")]
     assert not kernel.supports(RUNTIME.create_backend("numpy"))
+
+
+@pytest.mark.parametrize("amx", ["on", "off"])
+def test_f16_stays_in_place_in_bf16_where_the_amx_tiles_read_it(amx, monkeypatch):
+    """An F16 weight on the bf16 backend is the file's bytes where the AMX tiles take its
+    prefill (and the dense GEMV its decode), converted once where they do not or the switch
+    says so; either way the same values reach the matmuls."""
+    monkeypatch.setenv("TESSERA_NATIVE_AMX_DISABLE", "1" if amx == "off" else "0")
+    raw = raw_weight("F16", (64, 128))
+    qt = RUNTIME.quant_type_by_name("F16")
+    b = backend("bf16")
+    native = b._native()
+    w = b.load_weight(raw, qt)
+    kept = native is not None and native.amx
+    assert b.paths["F16 weights"].path == ("in place" if kept else "converted to bf16")
+    assert (w.dtype == torch.float16 and w.data_ptr() == raw.data.ctypes.data) == kept
+    monkeypatch.setenv("TESSERA_F16_IN_PLACE_DISABLE", "1")
+    converted_backend = backend("bf16")
+    converted = converted_backend.load_weight(raw, qt)
+    assert converted.dtype == torch.bfloat16
+    assert converted_backend.paths["F16 weights"].reason.startswith("disabled by")
+    # the matmuls on finite values (the edge values' infinities would make NaN sums)
+    values = np.nan_to_num(qt.dequantize_tensor(raw.data, raw.shape), posinf=0, neginf=0)
+    finite = torch.from_numpy(values)
+    held = finite.half() if kept else finite.bfloat16()  # what this backend holds
+    for rows in (1, 5, 16, 40):  # the dense GEMV below 8 rows, the tiles from 16
+        x = np.random.default_rng(rows).standard_normal((rows, 128)).astype(np.float32)
+        x = torch.from_numpy(x)
+        got, want = b.matmul(x, held), converted_backend.matmul(x, finite.bfloat16())
+        assert got.dtype == want.dtype == torch.float32
+        if rows >= 16 or not kept:  # the same bf16 values on the same kernel
+            assert torch.equal(got, want)
+        else:  # the GEMV reads the exact float16 values: closer to float64 than bf16's
+            exact = x.double() @ finite.double().T
+            assert (got.double() - exact).abs().max() <= (want.double() - exact).abs().max()
+    rows = b.get_rows(held, np.array([3, 0]))
+    assert rows.dtype == b.act_dtype and torch.equal(rows, held[[3, 0]].to(b.act_dtype))
