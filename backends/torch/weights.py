@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from tessera.backends.native.amx_f32 import tiles_f32
 from tessera.backends.torch.activations import to_dtype
-from tessera.backends.torch.dense_native import dense_gemv, dense_native
+from tessera.backends.torch.dense_native import DENSE_KINDS, dense_gemv, dense_native
 from tessera.backends.torch.packed import PackedLinear, epilogue
 from tessera.switches import DISABLE_KERNELS, names
 
@@ -42,8 +42,6 @@ def disabled_kernels() -> set[str]:
 #: The most values a widened 16-bit weight takes from the reused buffer (256 MB of float32:
 #: every layer matrix of an 8B model; its LM head is larger).
 MAX_WIDEN_BUFFER = 64 << 20
-#: The AMX tiles' kind of each dense weight dtype they read.
-TILE_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 class WeightOps:
@@ -125,7 +123,7 @@ class WeightOps:
         if not isinstance(w, torch.Tensor):
             return getattr(w, "native_tiles", _no_native)(n_rows)
         native = self._native()
-        kind = TILE_KINDS.get(w.dtype)
+        kind = DENSE_KINDS.get(w.dtype)
         if native is None or kind is None or w.dim() != 2 or not w.is_contiguous():
             return None
         ok = w.device.type == "cpu" and native.tiles_serve(n_rows, w.shape[0], torch.bfloat16)
@@ -195,7 +193,7 @@ class WeightOps:
         # rows of a weight (token embeddings) enter the activations in their dtype
         rows = F.embedding(self._index(ids), w) if isinstance(w, torch.Tensor) else w.get_rows(ids)
         # (and 16-bit weights kept as the file's values in another compute dtype widen here)
-        widen = rows.dtype == self.torch_dtype or rows.dtype in TILE_KINDS
+        widen = rows.dtype == self.torch_dtype or rows.dtype in DENSE_KINDS
         return to_dtype(rows, self.act_dtype) if widen else rows
 
     def linear(self, x, w, bias, activation="", residual=None):
