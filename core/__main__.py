@@ -1,5 +1,5 @@
 """``python -m tessera``: the same CLI as the ``tessera`` command."""
 
-from tessera.cli.main import main
+from tessera.cli.main import entry
 
-raise SystemExit(main())
+entry()

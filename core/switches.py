@@ -260,6 +260,11 @@ COMMUNICATOR = Switch(
     "the communicator of tensor-parallel runs (also --communicator)",
     NAME,
 )
+FAST_EXIT_DISABLE = Switch(
+    "TESSERA_FAST_EXIT_DISABLE",
+    "the tessera program exits through the interpreter's full teardown (~0.3 s with torch)",
+    OFF,
+)
 SPEC_ADAPTIVE = Switch(
     "TESSERA_SPEC_ADAPTIVE",
     "adaptive draft length in speculative decoding; 0 keeps it at --draft-max",
@@ -280,4 +285,5 @@ CORE_SWITCHES = (
     MOE_FFN_DISABLE,
     COMMUNICATOR,
     SPEC_ADAPTIVE,
+    FAST_EXIT_DISABLE,
 )
