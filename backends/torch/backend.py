@@ -241,6 +241,7 @@ def tessera_register_switches(register):
     from tessera.backends.native.probe import NATIVE_DISABLE, NATIVE_QUANT_DISABLE
     from tessera.backends.native.vnni_gemm import NATIVE_VNNI_GEMM_DISABLE
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
+    from tessera.backends.torch.dense_native import F32_PREFILL
 
     switches = (TORCH_DTYPE, FAST_BF16, F32_ACTIVATIONS, PACKED_LINEAR, FUSED_NORM, INFERENCE_MODE)
     for switch in (*switches, DECODER_BLOCK_DISABLE, CHUNKED_DELTA):
@@ -252,4 +253,5 @@ def tessera_register_switches(register):
     register(NATIVE_DENSE_DISABLE)
     register(NATIVE_CONVERT_DISABLE)
     register(F16_IN_PLACE_DISABLE)
+    register(F32_PREFILL)
     register(NATIVE_PATH)

@@ -12,6 +12,7 @@ recorded as the backend's ``"native dense matmuls"`` path; everything else keeps
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -23,10 +24,22 @@ from tessera.backends.native.dense_gemv import (
     NATIVE_DENSE_MAX_ROWS,
 )
 from tessera.backends.native.dense_selftest import convert_ok, dense_ok
-from tessera.switches import choose
+from tessera.backends.native.library import cpu_flags, cpu_vendor
+from tessera.switches import CHOICE, Choice, Switch, choose, text
 
 #: The GGML format of each 16-bit torch dtype the GEMV reads.
 DENSE_KINDS = {torch.bfloat16: "BF16", torch.float16: "F16"}
+F32_PREFILL = Switch(
+    "TESSERA_TORCH_F32_PREFILL",
+    "bf16 on CPU with float32 activations: 16-bit dense weights multiply prefill rows in "
+    "float32 (widened per matmul); auto (where oneDNN's bf16 matmul runs without AMX on a "
+    "CPU whose bf16 dot product is not faster than float32: Intel), 1, or 0 (bf16)",
+    CHOICE,
+    default="auto",
+    choices=("auto", "1", "0"),
+)
+#: oneDNN's documented cap on the instructions it may use (either name).
+_ONEDNN_ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def dense_native(backend: Any) -> Any:
@@ -89,10 +102,11 @@ def f16_to_bf16(backend: Any, values: torch.Tensor) -> torch.Tensor:
 
 def f16_in_place(backend: Any) -> bool:
     """Whether an F16 file's weights stay as the file's values on the bf16 ``backend``: where
-    the AMX tiles take its prefill matmuls (rounding each block to bf16 as it enters a
-    tile) and the dense GEMV its decode rows, so nothing is converted at load (0.27 s and
-    2 bytes per weight for a 0.5B model) and decode reads the exact values. Elsewhere
-    (torch's matmul would convert them every time) they are converted once at load.
+    the AMX tiles (rounding each block to bf16 as it enters a tile) or float32 matmuls
+    (:func:`f32_prefill`) take its prefill and the dense GEMV its decode rows, so nothing
+    is converted at load (0.27 s and 2 bytes per weight for a 0.5B model) and decode reads
+    the exact values. Elsewhere (torch's bf16 matmul would convert them every time) they
+    are converted once at load.
     Chosen once per backend (``TESSERA_F16_IN_PLACE_DISABLE``), recorded as its ``"F16
     weights"`` path."""
     cache = backend.probe_cache
@@ -102,6 +116,8 @@ def f16_in_place(backend: Any) -> bool:
             native = dense_native(backend)
             if native is None:
                 return False, f"no native dense GEMV ({backend.paths['native dense matmuls']})"
+            if f32_prefill(backend):
+                return True, "the file's values: float32 prefill matmuls, the dense GEMV for decode"
             if not native.amx:
                 return False, f"no AMX tiles for prefill ({native.amx_choice})"
             return True, "the file's values: AMX tiles for prefill, the dense GEMV for decode"
@@ -110,3 +126,43 @@ def f16_in_place(backend: Any) -> bool:
         backend.record_path("F16 weights", choice)
         cache["f16 in place"] = choice.path == "in place"
     return cache["f16 in place"]
+
+
+def onednn_bf16_on_amx(flags: set[str]) -> bool:
+    """Whether oneDNN's bf16 matmuls run on AMX tiles here: the CPU has AMX-BF16 and no
+    ``ONEDNN_MAX_CPU_ISA`` cap below it (e.g. ``AVX512_CORE_BF16``, how AMX is switched off)."""
+    caps = [os.environ.get(name, "").strip().upper() for name in _ONEDNN_ISA_CAPS]
+    cap = next((c for c in caps if c), "")
+    return "amx_bf16" in flags and (cap in ("", "ALL", "DEFAULT") or "AMX" in cap)
+
+
+def _float32_is_faster(flags: set[str]) -> tuple[bool, str]:
+    if onednn_bf16_on_amx(flags):
+        return False, "oneDNN's bf16 matmuls run on AMX"
+    if "avx512_bf16" in flags and cpu_vendor() != "GenuineIntel":
+        return False, "AVX512-BF16 at twice the float32 rate"
+    return True, "bf16 matmuls without AMX are slower than float32 on this CPU"
+
+
+def f32_prefill(backend: Any) -> bool:
+    """Whether the bf16 ``backend`` (float32 activations, CPU) multiplies prefill rows by its
+    16-bit dense weights (F16/BF16 files, types dequantized at load) in float32: each weight
+    widened per matmul (exact), x's float32 activations unrounded. Chosen where oneDNN's
+    bf16 matmul runs without AMX on a CPU whose AVX512-BF16 dot product is no faster than
+    float32 FMAs: Intel's ``vdpbf16ps`` issues on one port, its FMAs on two (512x896 by
+    4864x896, 2 threads, Xeon family 6 model 167 with AMX capped off: bf16 225, float32 with
+    the widening 340 GFLOP/s), where AMD Zen 4/5 do twice the float32 rate in bf16. Chosen
+    once per backend (``TESSERA_TORCH_F32_PREFILL``), recorded as its ``"16-bit prefill"``
+    path."""
+    cache = backend.probe_cache
+    if "f32 prefill" not in cache:
+        on = False  # on GPUs and in one compute dtype throughout, nothing to choose
+        if backend.device == "cpu" and backend.act_dtype != backend.torch_dtype:
+            forced = text(F32_PREFILL)
+            if forced != "auto":
+                on, reason = forced == "1", f"{F32_PREFILL.name}={forced}"
+            else:
+                on, reason = _float32_is_faster(cpu_flags())
+            backend.record_path("16-bit prefill", Choice("float32" if on else "bf16", reason))
+        cache["f32 prefill"] = on
+    return cache["f32 prefill"]

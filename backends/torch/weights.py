@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from tessera.backends.native.amx_f32 import tiles_f32
 from tessera.backends.torch.activations import to_dtype
-from tessera.backends.torch.dense_native import DENSE_KINDS, dense_gemv, dense_native
+from tessera.backends.torch.dense_native import DENSE_KINDS, dense_gemv, dense_native, f32_prefill
 from tessera.backends.torch.packed import PackedLinear, epilogue
 from tessera.switches import DISABLE_KERNELS, names
 
@@ -49,8 +49,9 @@ class WeightOps:
     ``_kernels`` and ``_packed_linear`` are set up in ``TorchBackend.__init__``)."""
 
     def load_weight(self, raw: Any, qtype: Any) -> Any:
-        if len(raw.shape) == 2:
-            dense_native(self)  # chosen while the weights load (their switches are read then)
+        if len(raw.shape) == 2:  # chosen while the weights load (their switches are read then)
+            dense_native(self)
+            f32_prefill(self)
         kernel = self._kernels.get(qtype.name) if len(raw.shape) == 2 else None
         if kernel is None:
             reason = f"no torch kernel for {qtype.name}"
@@ -75,14 +76,16 @@ class WeightOps:
             return self._matmul(x, w)
         # Float32 activations (the result float32 whatever x's dtype): a native GEMV and the
         # VNNI GEMM take x as it is, the AMX tiles take it rounded to bf16, all return the
-        # float32 sums; every other path multiplies in the compute dtype, x rounded to it,
-        # and rounds.
+        # float32 sums; so do 16-bit weights on the float32 prefill path; every other path
+        # multiplies in the compute dtype, x rounded to it, and rounds.
         tiles = self._tiles_of(w, x.shape[0])
         if tiles is not None:
             y = tiles_f32(self._native(), tiles[0], (tiles[1],), x)
             if y is not None:
                 return y
         if self._native_gemv(w, x.shape[0]) is None:
+            if self._f32_prefill(w):
+                return F.linear(to_dtype(x, torch.float32), self._widened(w, torch.float32))
             x = to_dtype(x, self.torch_dtype)
         return to_dtype(self._matmul(x, w), self.act_dtype)
 
@@ -115,6 +118,17 @@ class WeightOps:
         if buf is None or buf.numel() < n or buf.dtype != dtype:
             buf = self._widen_buffer = torch.empty(n, dtype=dtype)
         return buf[:n].view(w.shape).copy_(w)
+
+    def _f32_prefill(self, w: Any) -> bool:
+        """Whether ``w`` (not on a native kernel at this row count) multiplies in float32:
+        a plain 16-bit CPU tensor where :func:`f32_prefill` chose that path."""
+        is_dense = isinstance(w, torch.Tensor) and w.dtype in DENSE_KINDS
+        return is_dense and w.device.type == "cpu" and f32_prefill(self)
+
+    def _takes_f32(self, w: Any, n_rows: int) -> bool:
+        """Whether a matmul of ``n_rows`` float32 rows by ``w`` reads them unrounded (a
+        native GEMV, or the float32 prefill path)."""
+        return self._native_gemv(w, n_rows) is not None or self._f32_prefill(w)
 
     def _tiles_of(self, w: Any, n_rows: int) -> tuple[str, Any] | None:
         """``(kind, what the AMX tiles read)`` when a matmul of ``n_rows`` rows by ``w`` can
@@ -152,7 +166,7 @@ class WeightOps:
                     y = native.matmul_n(found[0][0], raws, x, biases)
                     return list(y.split([w.shape[0] for w in weights], dim=1))
         if self.act_dtype != self.torch_dtype:
-            if not any(self._native_gemv(w, x.shape[0]) for w in weights):
+            if not any(self._takes_f32(w, x.shape[0]) for w in weights):
                 x = to_dtype(x, self.torch_dtype)  # rounded once for all (prefill Q/K/V)
         return super().matmul_n(x, weights, biases)
 
@@ -171,7 +185,7 @@ class WeightOps:
                 y = tiles_f32(native, found[0][0], (found[0][1], found[1][1]), x, out_f32=False)
                 if y is not None:
                     return y
-            if not any(self._native_gemv(w, x.shape[0]) for w in (w_gate, w_up)):
+            if not any(self._takes_f32(w, x.shape[0]) for w in (w_gate, w_up)):
                 # matmuls in the compute dtype (dequantized K-quants, shapes the tiles do not
                 # take) round gate and up anyway: their product stays in it too, without two
                 # conversions to float32 and one back (a fifth of a K-quant prefill)

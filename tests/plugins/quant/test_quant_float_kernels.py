@@ -82,6 +82,7 @@ def test_f16_stays_in_place_in_bf16_where_the_amx_tiles_read_it(amx, monkeypatch
     prefill (and the dense GEMV its decode), converted once where they do not or the switch
     says so; either way the same values reach the matmuls."""
     monkeypatch.setenv("TESSERA_NATIVE_AMX_DISABLE", "1" if amx == "off" else "0")
+    monkeypatch.setenv("TESSERA_TORCH_F32_PREFILL", "0")  # prefill on bf16 matmuls (or tiles)
     raw = raw_weight("F16", (64, 128))
     qt = RUNTIME.quant_type_by_name("F16")
     b = backend("bf16")
