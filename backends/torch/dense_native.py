@@ -136,7 +136,10 @@ def onednn_bf16_on_amx(flags: set[str]) -> bool:
     return "amx_bf16" in flags and (cap in ("", "ALL", "DEFAULT") or "AMX" in cap)
 
 
-def _float32_is_faster(flags: set[str]) -> tuple[bool, str]:
+def _float32_is_faster(backend: Any, flags: set[str]) -> tuple[bool, str]:
+    native = dense_native(backend)
+    if native is not None and native.amx:
+        return False, "the native AMX tiles take prefill"
     if onednn_bf16_on_amx(flags):
         return False, "oneDNN's bf16 matmuls run on AMX"
     if "avx512_bf16" in flags and cpu_vendor() != "GenuineIntel":
@@ -147,12 +150,13 @@ def _float32_is_faster(flags: set[str]) -> tuple[bool, str]:
 def f32_prefill(backend: Any) -> bool:
     """Whether the bf16 ``backend`` (float32 activations, CPU) multiplies prefill rows by its
     16-bit dense weights (F16/BF16 files, types dequantized at load) in float32: each weight
-    widened per matmul (exact), x's float32 activations unrounded. Chosen where oneDNN's
-    bf16 matmul runs without AMX on a CPU whose AVX512-BF16 dot product is no faster than
-    float32 FMAs: Intel's ``vdpbf16ps`` issues on one port, its FMAs on two (512x896 by
-    4864x896, 2 threads, Xeon family 6 model 167 with AMX capped off: bf16 225, float32 with
-    the widening 340 GFLOP/s), where AMD Zen 4/5 do twice the float32 rate in bf16. Chosen
-    once per backend (``TESSERA_TORCH_F32_PREFILL``), recorded as its ``"16-bit prefill"``
+    widened per matmul (exact), x's float32 activations unrounded. Chosen where the native
+    AMX tiles do not take them and oneDNN's bf16 matmul runs without AMX on a CPU whose
+    AVX512-BF16 dot product is no faster than float32 FMAs: Intel's ``vdpbf16ps`` issues on
+    one port, its FMAs on two (512x896 by 4864x896, 2 threads, Xeon family 6 model 167 with
+    AMX capped off: bf16 225, float32 with the widening 340 GFLOP/s), where AMD Zen 4/5 do
+    twice the float32 rate in bf16. Chosen once per backend (``TESSERA_TORCH_F32_PREFILL``;
+    ``1`` also keeps these weights off the tiles), recorded as its ``"16-bit prefill"``
     path."""
     cache = backend.probe_cache
     if "f32 prefill" not in cache:
@@ -162,7 +166,7 @@ def f32_prefill(backend: Any) -> bool:
             if forced != "auto":
                 on, reason = forced == "1", f"{F32_PREFILL.name}={forced}"
             else:
-                on, reason = _float32_is_faster(cpu_flags())
+                on, reason = _float32_is_faster(backend, cpu_flags())
             backend.record_path("16-bit prefill", Choice("float32" if on else "bf16", reason))
         cache["f32 prefill"] = on
     return cache["f32 prefill"]

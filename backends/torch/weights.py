@@ -140,6 +140,8 @@ class WeightOps:
         kind = DENSE_KINDS.get(w.dtype)
         if native is None or kind is None or w.dim() != 2 or not w.is_contiguous():
             return None
+        if f32_prefill(self):  # chosen (or forced) over the tiles
+            return None
         ok = w.device.type == "cpu" and native.tiles_serve(n_rows, w.shape[0], torch.bfloat16)
         return (kind, w) if ok and w.shape[1] % 32 == 0 else None
 

@@ -43,7 +43,20 @@ def _weight(b, kind: str, shape: tuple[int, int], seed: int):
 def test_float32_is_chosen_where_bf16_matmuls_are_slower(monkeypatch, flags, vendor, cap, want):
     monkeypatch.setattr(dense_native, "cpu_vendor", lambda: vendor)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-    assert dense_native._float32_is_faster(flags)[0] is want
+    monkeypatch.setenv("TESSERA_NATIVE_AMX_DISABLE", "1")
+    assert dense_native._float32_is_faster(_backend(), flags)[0] is want
+
+
+def test_the_native_amx_tiles_keep_bf16(monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")  # oneDNN without AMX
+    b = _backend()
+    native = dense_native.dense_native(b)
+    if native is None or not native.amx:
+        pytest.skip("no native AMX tiles on this machine")
+    assert dense_native._float32_is_faster(b, {"amx_bf16", "avx512_bf16"}) == (
+        False,
+        "the native AMX tiles take prefill",
+    )
 
 
 @pytest.mark.parametrize("forced", ["0", "1"])
@@ -58,8 +71,9 @@ def test_the_switch_forces_the_path_and_it_is_recorded(monkeypatch, forced):
 
 
 @pytest.mark.parametrize("kind", ["F16", "BF16"])
-def test_prefill_matmuls_are_float32_products_of_the_exact_weights(monkeypatch, kind):
-    monkeypatch.setenv("TESSERA_NATIVE_AMX_DISABLE", "1")  # the AMX tiles would take them
+@pytest.mark.parametrize("amx", ["0", "1"])  # forced, the path also keeps them off the tiles
+def test_prefill_matmuls_are_float32_products_of_the_exact_weights(monkeypatch, kind, amx):
+    monkeypatch.setenv("TESSERA_NATIVE_AMX_DISABLE", amx)
     monkeypatch.setenv("TESSERA_TORCH_F32_PREFILL", "1")
     b = _backend()
     (w, w_exact), (u, _) = (_weight(b, kind, (48, 96), seed) for seed in (1, 2))
