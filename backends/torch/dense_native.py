@@ -38,8 +38,6 @@ F32_PREFILL = Switch(
     default="auto",
     choices=("auto", "1", "0"),
 )
-#: oneDNN's documented cap on the instructions it may use (either name).
-_ONEDNN_ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 
 def dense_native(backend: Any) -> Any:
@@ -130,9 +128,9 @@ def f16_in_place(backend: Any) -> bool:
 
 def onednn_bf16_on_amx(flags: set[str]) -> bool:
     """Whether oneDNN's bf16 matmuls run on AMX tiles here: the CPU has AMX-BF16 and no
-    ``ONEDNN_MAX_CPU_ISA`` cap below it (e.g. ``AVX512_CORE_BF16``, how AMX is switched off)."""
-    caps = [os.environ.get(name, "").strip().upper() for name in _ONEDNN_ISA_CAPS]
-    cap = next((c for c in caps if c), "")
+    ``ONEDNN_MAX_CPU_ISA`` (older name ``DNNL_MAX_CPU_ISA``) cap below it (e.g. ``AVX512_CORE_BF16``, how AMX is switched off)."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "") or os.environ.get("DNNL_MAX_CPU_ISA", "")
+    cap = cap.strip().upper()
     return "amx_bf16" in flags and (cap in ("", "ALL", "DEFAULT") or "AMX" in cap)
 
 
