@@ -128,7 +128,8 @@ def f16_in_place(backend: Any) -> bool:
 
 def onednn_bf16_on_amx(flags: set[str]) -> bool:
     """Whether oneDNN's bf16 matmuls run on AMX tiles here: the CPU has AMX-BF16 and no
-    ``ONEDNN_MAX_CPU_ISA`` (older name ``DNNL_MAX_CPU_ISA``) cap below it (e.g. ``AVX512_CORE_BF16``, how AMX is switched off)."""
+    ``ONEDNN_MAX_CPU_ISA`` (older name ``DNNL_MAX_CPU_ISA``) cap below it (e.g.
+    ``AVX512_CORE_BF16``, how AMX is switched off)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "") or os.environ.get("DNNL_MAX_CPU_ISA", "")
     cap = cap.strip().upper()
     return "amx_bf16" in flags and (cap in ("", "ALL", "DEFAULT") or "AMX" in cap)
