@@ -101,8 +101,8 @@ def exit_choice() -> switches.Choice:
     non-daemon thread runs (a normal exit waits for it), nor with TESSERA_FAST_EXIT_DISABLE=1."""
 
     def probe() -> tuple[bool, str]:
-        others = [t.name for t in threading.enumerate() if not t.daemon]
-        others.remove(threading.current_thread().name)
+        me = threading.current_thread()
+        others = [t.name for t in threading.enumerate() if not t.daemon and t is not me]
         return (False, f"thread {others[0]!r} still runs") if others else (True, "no other thread")
 
     return switches.choose(switches.FAST_EXIT_DISABLE, probe, on="fast", off="teardown")
