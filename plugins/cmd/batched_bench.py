@@ -175,6 +175,8 @@ def settings(ctx: Any, shared: bool) -> dict[str, Any]:
         "flash_attn": p.flash_attn,
         "is_pp_shared": int(shared),
         "kv_unified": int(p.kv_unified),
+        "type_k": p.type_k or backend.dtype,
+        "type_v": p.type_v or backend.dtype,
         "backend": f"{backend.name}/{backend.device}/{backend.dtype}",
         "kv_path": ctx.kv_path,
         "kv_path_reason": ctx.kv_path_reason,
@@ -203,6 +205,8 @@ def run(args: argparse.Namespace, runtime: Any) -> int:
         n_seq_max=n_seq_max,
         flash_attn=args.flash_attn,
         kv_unified=args.kv_unified,
+        type_k=args.cache_type_k,
+        type_v=args.cache_type_v,
     )
     ctx = Context(model, params)
     head = settings(ctx, args.pps)

@@ -129,7 +129,8 @@ def _evaluate(
         f"calculating over {plan.n_chunk} chunks, n_ctx={plan.n_ctx}, "
         f"batch_size={args.batch_size}, n_seq={plan.n_seq}"
     )
-    ctx = chunk_context(model, plan, args.ubatch_size, args.flash_attn)
+    kv_types = (args.cache_type_k, args.cache_type_v)
+    ctx = chunk_context(model, plan, args.ubatch_size, args.flash_attn, *kv_types)
     start = time.perf_counter()
     for index, logits, next_tokens in scored_logits(ctx, tokens, plan):
         if index == 0:

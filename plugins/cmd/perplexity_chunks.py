@@ -63,8 +63,11 @@ def plan_chunks(
     return ChunkPlan(n_ctx=n_ctx, n_batch=n_batch, n_chunk=n_chunk, bos_id=bos_id)
 
 
-def chunk_context(model: Any, plan: ChunkPlan, n_ubatch: int, flash_attn: str) -> Context:
-    """A context for ``plan.n_seq`` chunks at a time."""
+def chunk_context(
+    model: Any, plan: ChunkPlan, n_ubatch: int, flash_attn: str, type_k: str = "", type_v: str = ""
+) -> Context:
+    """A context for ``plan.n_seq`` chunks at a time, its K/V cache stored as ``type_k`` /
+    ``type_v`` ("": the compute dtype)."""
     n_seq = plan.n_seq
     return Context(
         model,
@@ -74,6 +77,8 @@ def chunk_context(model: Any, plan: ChunkPlan, n_ubatch: int, flash_attn: str) -
             n_ubatch=n_ubatch,
             n_seq_max=n_seq,
             flash_attn=flash_attn,
+            type_k=type_k,
+            type_v=type_v,
         ),
     )
 

@@ -93,6 +93,13 @@ def test_markdown_table_names_the_path_and_why(tiny_gguf, capsys, monkeypatch):
     assert data[:4] == ["8", "2", "2", "20"] and data[-1] == "dense"
 
 
+def test_the_kv_cache_types_are_those_of_ctk_and_ctv(tiny_gguf, capsys):
+    argv = ("-npp", "8", "-ntg", "2", "-npl", "1")
+    assert "type_k = f32, type_v = f32" in _run(capsys, tiny_gguf, *argv)
+    out = _run(capsys, tiny_gguf, *argv, "-ctk", "f16", "-ctv", "bf16")
+    assert "type_k = f16, type_v = bf16" in out
+
+
 def test_without_kv_unified_the_split_cache_takes_the_dense_path(tiny_gguf, capsys, monkeypatch):
     monkeypatch.delenv("TESSERA_KV_ROWS_DISABLE", raising=False)
     out = _run(

@@ -51,13 +51,14 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
 
 
-def chunk_log_probs(path, tokens, n_ctx: int, n_chunk: int) -> list[np.ndarray]:
+def chunk_log_probs(path, tokens, n_ctx: int, n_chunk: int, **params: str) -> list[np.ndarray]:
     """The oracle's input: tessera's forward over each chunk alone (the bundled model adds
-    no BOS), the log-softmax of the scored positions in float64."""
+    no BOS), the log-softmax of the scored positions in float64; ``params`` more
+    ContextParams fields (the KV cache types)."""
     model = load_model(path, RUNTIME, "torch", dtype="f32")
     out = []
     for c in range(n_chunk):
-        ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx))
+        ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_ctx, **params))
         chunk = tokens[c * n_ctx : (c + 1) * n_ctx]
         logits = ctx.decode(Batch.for_sequence(chunk, logits="all"))
         out.append(log_softmax64(logits[n_ctx // 2 : n_ctx - 1]))
@@ -103,6 +104,22 @@ def test_perplexity_equals_a_numpy_reimplementation(capsys, tokens):
     got_ppl, got_err = final_estimate(out)
     assert abs(got_ppl - ppl) <= 1e-6 * ppl + printed(4)
     assert abs(got_err - err) <= 1e-6 * err + printed(5)
+
+
+def test_the_kv_cache_types_are_those_of_ctk_and_ctv(capsys, tokens):
+    argv = ["-f", str(TEXT), "-c", "64", "--chunks", "2", "--backend", "torch", "--dtype", "f32"]
+    ppls = {}
+    for kv in ("", "q8_0"):
+        code, out, _ = cli(capsys, *argv, *(["-ctk", kv, "-ctv", kv] if kv else []))
+        assert code == 0
+        ppls[kv] = final_estimate(out)[0]
+    log_probs = chunk_log_probs(default_model_path(), tokens, 64, 2, type_k="q8_0", type_v="q8_0")
+    nll = np.concatenate(
+        [-lp[np.arange(31), tokens[c * 64 + 33 : (c + 1) * 64]] for c, lp in enumerate(log_probs)]
+    )
+    want = math.exp(nll.mean())
+    assert abs(ppls["q8_0"] - want) <= 1e-6 * want + printed(4)
+    assert abs(ppls["q8_0"] - ppls[""]) > 10 * printed(4)  # a q8_0 cache is not the f32 one
 
 
 def test_kl_divergence_equals_a_numpy_reimplementation(capsys, tmp_path, tokens, models):
