@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from tessera.backends.torch.backend import F32_ACTIVATIONS
+from tessera.backends.torch.backend import F32_ACTIVATIONS, F32_ATTENTION
 from tessera.switches import Choice, choose
 
 
@@ -33,6 +33,20 @@ def choose_activations(device: torch.device, dtype: torch.dtype) -> Choice:
         return True, "float32 between ops; matmul inputs rounded to bf16"
 
     return choose(F32_ACTIVATIONS, probe, on="f32", off=name)
+
+
+def choose_attention(act_dtype: torch.dtype, dtype: torch.dtype) -> Choice:
+    """``Choice(path, why)``: ``"f32"`` where SDPA (prefill attention) runs in float32 over
+    float32 activations of a 16-bit compute dtype (``TESSERA_TORCH_F32_ATTENTION=1``), else
+    the compute dtype's name. The native decode attention sums in float32 either way."""
+    name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+
+    def probe() -> tuple[bool, str]:
+        if act_dtype == dtype:
+            return False, f"activations in the compute dtype ({name})"
+        return True, "float32 SDPA: q unrounded, K/V widened"
+
+    return choose(F32_ATTENTION, probe, on="f32", off=name)
 
 
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,8 +25,8 @@ class AttentionOps:
     per-ubatch ``_mask_inputs`` and ``_rows_inputs`` are set up in ``TorchBackend.__init__``)."""
 
     def attention(self, q, k_cache, v_cache, n_kv, mask, scale):
-        # SDPA multiplies in the compute dtype: float32 activations' q is rounded to it
-        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)
+        # SDPA multiplies in attn_dtype: float32 activations' q is rounded to it
+        q_dtype, q = q.dtype, to_dtype(q, self.attn_dtype)
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
@@ -49,7 +49,7 @@ class AttentionOps:
     def attention_softcap(self, q, k_cache, v_cache, n_kv, mask, scale, softcap, sinks=None):
         # SDPA can neither cap scores nor add sinks, so the scores are made explicitly:
         # (Hkv, group * T, S) matmuls give GQA without copying K/V.
-        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)
+        q_dtype, q = q.dtype, to_dtype(q, self.attn_dtype)
         n_tokens, n_head, _ = q.shape
         n_head_kv = k_cache.shape[1]
         allowed, dead = self._mask_tensors(mask)
@@ -143,9 +143,9 @@ class AttentionOps:
         return t
 
     def _additive_mask(self, allowed: np.ndarray) -> torch.Tensor:
-        """``allowed`` as 0 / -inf in the compute dtype, on the device."""
+        """``allowed`` as 0 / -inf in SDPA's dtype, on the device."""
         blocked = self._tensor(~allowed).to(self.torch_device)
-        zeros = torch.zeros(blocked.shape, dtype=self.torch_dtype, device=self.torch_device)
+        zeros = torch.zeros(blocked.shape, dtype=self.attn_dtype, device=self.torch_device)
         return zeros.masked_fill_(blocked, float("-inf"))
 
     def attention_rows(self, q, k_cache, v_cache, kv_rows, scale):
@@ -160,7 +160,7 @@ class AttentionOps:
             out = self._native_attention(q, k_cache, v_cache, lists, scale)
             if out is not None:
                 return out
-        q_dtype, q = q.dtype, to_dtype(q, self.torch_dtype)  # SDPA's inputs: compute dtype
+        q_dtype, q = q.dtype, to_dtype(q, self.attn_dtype)  # SDPA's inputs: compute dtype
         if t["span"] is not None:
             span = slice(t["span"][0], t["span"][0] + t["span"][1])
             k, v = (read_rows(c, span, q.dtype)[None] for c in (k_cache, v_cache))

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tessera.backends.torch.activations import choose_activations
+from tessera.backends.torch.activations import choose_activations, choose_attention
 from tessera.backends.torch.attention import AttentionOps
 from tessera.backends.torch.backend import INFERENCE_MODE
 from tessera.backends.torch.kv_store import KV_STORE_TYPES, Q8_0Rows, make_cache
@@ -59,6 +59,11 @@ class TorchBackend(
         #: The dtype of the tensors between ops (float32 with bf16 weights on the CPU).
         choice = self.record_path("activations", choose_activations(device, self.torch_dtype))
         self.act_dtype = TORCH_DTYPES[choice.path]
+        #: The dtype SDPA multiplies in (the compute dtype unless TESSERA_TORCH_F32_ATTENTION).
+        choice = self.record_path(
+            "prefill attention", choose_attention(self.act_dtype, self.torch_dtype)
+        )
+        self.attn_dtype = TORCH_DTYPES[choice.path]
         #: Probe answers of weight kernels, by quant type name (filled by the kernels), and
         #: "native": the native decode kernels' status (tessera.backends.native.probe).
         self.probe_cache: dict[str, Any] = {}
