@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from tessera.contract.routes import ApiError
+from tessera.engine.slot_types import GenerationRequest
 from tessera.errors import TesseraError
 from tessera.plugins.chat import ChatSession, chat_template
 from tessera.plugins.server.state import ServedModel, ServerState
@@ -102,22 +103,33 @@ def prompt_tokens(served: ServedModel, text: str) -> list[int]:
     return tok.encode(text, add_special=add_special, parse_special=True)
 
 
-async def chat_completions(request: Request) -> Any:
+async def chat_request(
+    request: Request,
+) -> tuple[Fields, ServedModel, list[ChatSession], str, list[GenerationRequest]]:
+    """A chat completion's body read and checked, every field of it: its fields, model, one
+    session per choice, the rendered prompt and the generation requests (nothing started).
+    The prompt-only routes (/apply-template, .../input_tokens) refuse what this refuses."""
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), CHAT)
     n = f["n"]
-    want_logprobs = f["logprobs"]
-    n_top = f["top_logprobs"] if want_logprobs else -1
+    n_top = f["top_logprobs"] if f["logprobs"] else -1
     n_predict = max_tokens(f, default=state.settings.default_n_predict(-1))
     samplers = sampler_params(f, n, state.settings.sampler)
     served = await state.model_for(request, f["model"])
     sessions = [chat_session(served, f) for _ in range(n)]
-    prompt = prompt_tokens(served, sessions[0].prompt())
+    text = sessions[0].prompt()
     syntax = sessions[0].format.tool_syntax
     tool_call = forced_tool_call(f["tools"], f["tool_choice"], syntax.name if syntax else None)
+    prompt = prompt_tokens(served, text)
     requests = await generation_requests(
         f, served, prompt, samplers, n_predict, n_top, tool_call=tool_call
     )
+    return f, served, sessions, text, requests
+
+
+async def chat_completions(request: Request) -> Any:
+    f, served, sessions, _, requests = await chat_request(request)
+    want_logprobs = f["logprobs"]
     runs = start_runs(served, requests, f["stop"])
     head = response_head(served, "chat.completion", "chatcmpl")
     if f["stream"]:

@@ -42,6 +42,26 @@ def test_input_tokens_counts_what_the_chat_completion_evaluates(server):
     assert bad.status == 400 and bad.json["error"]["param"] == "messages"
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"dry_sequence_breakers": 5},  # a sampler field of the "any" kind
+        {"dry_sequence_breakers": [1, 2]},
+        {"top_p": 3},
+        {"guided_choice": 7},  # an output constraint
+        {"logit_bias": {"x": 1}},
+        {"id_slot": 99},
+    ],
+)
+def test_the_prompt_routes_refuse_what_the_chat_completion_refuses(server, field):
+    body = {"messages": MESSAGES, "max_tokens": 1, **field}
+    chat = call(server.url + "/v1/chat/completions", body)
+    assert chat.status == 400, chat.json
+    for route in ("/apply-template", "/v1/chat/completions/input_tokens"):
+        answer = call(server.url + route, body)
+        assert (answer.status, answer.json) == (chat.status, chat.json), route
+
+
 def test_props_has_the_default_generation_settings(server):
     props = call(server.url + "/props").json
     defaults = props["default_generation_settings"]
