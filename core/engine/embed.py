@@ -102,6 +102,7 @@ class Embedder:
         n_seq_max: int = 64,
         classifier_activation: str | None = None,
         mrl_dims: Sequence[int] | None = None,
+        kv_types: tuple[str, str] = ("", ""),  # a decoder's K/V cache types ("": compute dtype)
     ) -> None:
         self.model = model
         arch, config = model.arch, model.config
@@ -123,6 +124,8 @@ class Embedder:
             n_batch=n_batch,
             n_ubatch=n_ubatch,
             n_seq_max=n_seq_max,
+            type_k=kv_types[0],
+            type_v=kv_types[1],
         )
         self.ctx = Context(model, params)
         self._lock = threading.Lock()

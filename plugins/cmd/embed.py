@@ -113,6 +113,7 @@ def embedder_from_args(args: argparse.Namespace, runtime: Any, **options: Any) -
         n_ubatch=args.ubatch_size,
         # -np 1 is the generation default; embedding packs up to 64 inputs per forward
         n_seq_max=args.parallel if args.parallel > 1 else 64,
+        kv_types=(args.cache_type_k, args.cache_type_v),
         **options,
     )
 

@@ -94,3 +94,18 @@ def test_rerank_prints_scores_sorted(tmp_path, capsys):
     assert [r["index"] for r in rows] == best.tolist()
     np.testing.assert_allclose([r["score"] for r in rows], scores[best], atol=1e-6)
     assert rows[0]["document"] == docs[best[0]]
+
+
+def test_a_decoders_cache_types_are_those_of_ctk_and_ctv(tmp_path, capsys):
+    """A causal model embeds through its KV cache: -ctk/-ctv set its storage."""
+    llama = make_gguf(tmp_path / "llama.gguf", "llama", seed=4)
+    argv = ["embed", "-m", str(llama), "--backend", "torch", "--dtype", "f32", "-p", TEXTS[1]]
+    argv += ["--pooling", "mean", "--embd-normalize", "-1"]
+    got = {}
+    for kv in ("", "f16"):
+        assert main([*argv, *(["-ctk", kv, "-ctv", kv] if kv else [])]) == 0
+        got[kv] = np.array(json.loads(capsys.readouterr().out)["embedding"])
+    emb = Embedder(load_model(llama, RUNTIME, "torch", dtype="f32"), pooling="mean",
+                   normalize=-1, kv_types=("f16", "f16"))  # fmt: skip
+    np.testing.assert_allclose(got["f16"], emb.embed([emb.tokenize(TEXTS[1])])[0], atol=1e-6)
+    assert np.abs(got["f16"] - got[""]).max() > 1e-5  # an f16 cache is not the f32 one
