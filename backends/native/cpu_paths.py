@@ -53,16 +53,27 @@ CPU_FEATURES = {
 }  # fmt: skip
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name as ``lscpu`` shows it ("unknown CPU" where none is listed)."""
+def cpuinfo_field(key: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The value of the first ``key`` line of ``cpuinfo`` (the first CPU's), stripped; None
+    where the file or the line is missing."""
     try:
         lines = cpuinfo.read_text().splitlines()
     except OSError:
-        return "unknown CPU"
+        return None
     for line in lines:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip() or "unknown CPU"
-    return "unknown CPU"
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as ``lscpu`` shows it ("unknown CPU" where none is listed)."""
+    return cpuinfo_field("model name", cpuinfo) or "unknown CPU"
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``), "" where unknown."""
+    return cpuinfo_field("vendor_id", cpuinfo) or ""
 
 
 def cpu_features(flags: set[str]) -> str:

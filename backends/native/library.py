@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tessera.backends.native import iq_tables
+from tessera.backends.native import cpu_paths, iq_tables
 from tessera.backends.native.attention_kv import declare_attention_kv
 from tessera.backends.native.dense_gemv import declare_dense
 from tessera.backends.native.kernels import NativeGemv
@@ -62,26 +62,8 @@ ABI = 7
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``), "" where unknown."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return ""
+    """The first CPU's flags in ``cpuinfo`` (empty where none are listed)."""
+    return set((cpu_paths.cpuinfo_field("flags", cpuinfo) or "").split())
 
 
 def cpu_supported(flags: set[str]) -> bool:

@@ -107,17 +107,11 @@ def cpu_has_fast_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     forced = text(FAST_BF16)
     if forced != "auto":
         return forced == "1"
+    from tessera.backends.native.cpu_paths import cpuinfo_field
+
     if "AMX" in torch.backends.cpu.get_cpu_capability().upper():
         return True
-    try:
-        info = cpuinfo.read_text()
-    except OSError:
-        return False
-    flags = set()
-    for line in info.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
+    flags = (cpuinfo_field("flags", cpuinfo) or "").split()
     return any(flag in flags for flag in FAST_BF16_CPU_FLAGS)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tessera.backends.native.cpu_paths import cpu_vendor
 from tessera.backends.native.dense_gemv import (
     F16_IN_PLACE_DISABLE,
     NATIVE_CONVERT_DISABLE,
@@ -24,7 +25,7 @@ from tessera.backends.native.dense_gemv import (
     NATIVE_DENSE_MAX_ROWS,
 )
 from tessera.backends.native.dense_selftest import convert_ok, dense_ok
-from tessera.backends.native.library import cpu_flags, cpu_vendor
+from tessera.backends.native.library import cpu_flags
 from tessera.switches import CHOICE, Choice, Switch, choose, text
 
 #: The GGML format of each 16-bit torch dtype the GEMV reads.

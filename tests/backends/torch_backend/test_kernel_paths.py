@@ -143,3 +143,19 @@ def test_a_path_the_switch_does_not_take_is_one_error_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: TESSERA_NATIVE_PATH='sse' is not a value this switch")
     assert "auto, avx512-vnni, avx-vnni, avx2, portable" in err[-1]
+
+
+def test_cpuinfo_fields_are_the_first_cpus(tmp_path):
+    """The CPU line's facts come from the first processor's block of /proc/cpuinfo."""
+    info = tmp_path / "cpuinfo"
+    block = "processor\t: {0}\nvendor_id\t: {1}\nmodel name\t: {2}\nflags\t\t: {3}\n\n"
+    info.write_text(
+        block.format(0, "AuthenticAMD", "AMD EPYC 9R14", "fpu avx2 avx512_bf16")
+        + block.format(1, "GenuineIntel", "other", "fpu")
+    )
+    assert cpu_paths.cpu_vendor(info) == "AuthenticAMD"
+    assert cpu_paths.cpu_model(info) == "AMD EPYC 9R14"
+    assert library.cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"}
+    missing = tmp_path / "none"
+    assert (cpu_paths.cpu_vendor(missing), cpu_paths.cpu_model(missing)) == ("", "unknown CPU")
+    assert library.cpu_flags(missing) == set()
