@@ -19,11 +19,14 @@ import torch
 from tessera.backends.torch.backend import F32_ACTIVATIONS, F32_ATTENTION
 from tessera.switches import Choice, choose
 
+#: The name of each compute dtype, as ``--dtype`` and the recorded paths spell it.
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
 
 def choose_activations(device: torch.device, dtype: torch.dtype) -> Choice:
     """``Choice(path, why)``: ``"f32"`` where bf16 CPU compute keeps float32 activations,
     else the compute dtype's name (``"bf16"``, ``"f16"``, ``"f32"``)."""
-    name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = DTYPE_NAMES[dtype]
     if dtype == torch.float32:
         return Choice("f32", "the compute dtype is float32")
 
@@ -39,7 +42,7 @@ def choose_attention(act_dtype: torch.dtype, dtype: torch.dtype) -> Choice:
     """``Choice(path, why)``: ``"f32"`` where SDPA (prefill attention) runs in float32 over
     float32 activations of a 16-bit compute dtype (``TESSERA_TORCH_F32_ATTENTION=1``), else
     the compute dtype's name. The native decode attention sums in float32 either way."""
-    name = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
+    name = DTYPE_NAMES[dtype]
 
     def probe() -> tuple[bool, str]:
         if act_dtype == dtype:

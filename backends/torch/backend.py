@@ -245,9 +245,11 @@ def tessera_register_switches(register):
     from tessera.backends.torch.block import DECODER_BLOCK_DISABLE
     from tessera.backends.torch.dense_native import F32_PREFILL
 
-    switches = (TORCH_DTYPE, FAST_BF16, F32_ACTIVATIONS, F32_ATTENTION, PACKED_LINEAR, FUSED_NORM)
-    switches += (INFERENCE_MODE,)
-    for switch in (*switches, DECODER_BLOCK_DISABLE, CHUNKED_DELTA):
+    switches = (
+        TORCH_DTYPE, FAST_BF16, F32_ACTIVATIONS, F32_ATTENTION, PACKED_LINEAR, FUSED_NORM,
+        INFERENCE_MODE, DECODER_BLOCK_DISABLE, CHUNKED_DELTA,
+    )  # fmt: skip
+    for switch in switches:
         register(switch)
     register(NATIVE_DISABLE)  # the native kernels serve this backend and its weight kernels
     register(NATIVE_AMX_DISABLE)

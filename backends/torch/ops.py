@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tessera.backends.torch.activations import choose_activations, choose_attention
+from tessera.backends.torch.activations import DTYPE_NAMES, choose_activations, choose_attention
 from tessera.backends.torch.attention import AttentionOps
 from tessera.backends.torch.backend import INFERENCE_MODE
 from tessera.backends.torch.kv_store import KV_STORE_TYPES, Q8_0Rows, make_cache
@@ -36,7 +36,7 @@ from tessera.contract.backend import CORE_OPS, OPTIONAL_OPS, Backend
 from tessera.contract.ops import Op
 from tessera.switches import Choice, flag
 
-TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+TORCH_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 class TorchBackend(

@@ -126,7 +126,7 @@ def exit_process(code: int) -> NoReturn:
         code = code or 120
     try:
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # stderr gone too: there is nowhere left to say so
         pass
     os._exit(code)
 
