@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
@@ -103,12 +104,23 @@ def prompt_tokens(served: ServedModel, text: str) -> list[int]:
     return tok.encode(text, add_special=add_special, parse_special=True)
 
 
-async def chat_request(
-    request: Request,
-) -> tuple[Fields, ServedModel, list[ChatSession], str, list[GenerationRequest]]:
-    """A chat completion's body read and checked, every field of it: its fields, model, one
-    session per choice, the rendered prompt and the generation requests (nothing started).
-    The prompt-only routes (/apply-template, .../input_tokens) refuse what this refuses."""
+@attrs.frozen
+class ChatRequest:
+    """A chat completion's body read and checked, every field of it, before any work."""
+
+    fields: Fields
+    served: ServedModel
+    #: One session per choice (``n``).
+    sessions: list[ChatSession]
+    #: The messages rendered by the chat template.
+    prompt: str
+    #: One per choice; nothing started.
+    requests: list[GenerationRequest]
+
+
+async def chat_request(request: Request) -> ChatRequest:
+    """The :class:`ChatRequest` of ``request``. The prompt-only routes (/apply-template,
+    .../input_tokens) use it too, so they refuse what the completion refuses."""
     state: ServerState = request.app.state.tessera
     f = Fields(await read_json(request), CHAT)
     n = f["n"]
@@ -124,13 +136,14 @@ async def chat_request(
     requests = await generation_requests(
         f, served, prompt, samplers, n_predict, n_top, tool_call=tool_call
     )
-    return f, served, sessions, text, requests
+    return ChatRequest(f, served, sessions, text, requests)
 
 
 async def chat_completions(request: Request) -> Any:
-    f, served, sessions, _, requests = await chat_request(request)
+    chat = await chat_request(request)
+    f, served, sessions = chat.fields, chat.served, chat.sessions
     want_logprobs = f["logprobs"]
-    runs = start_runs(served, requests, f["stop"])
+    runs = start_runs(served, chat.requests, f["stop"])
     head = response_head(served, "chat.completion", "chatcmpl")
     if f["stream"]:
         return StreamingResponse(

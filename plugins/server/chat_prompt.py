@@ -18,13 +18,13 @@ from .chat_completions import chat_request
 
 async def apply_template(request: Request) -> Any:
     """``{"prompt": <the messages rendered by the chat template>}``."""
-    _, _, _, prompt, _ = await chat_request(request)
-    return JSONResponse({"prompt": prompt})
+    chat = await chat_request(request)
+    return JSONResponse({"prompt": chat.prompt})
 
 
 async def chat_input_tokens(request: Request) -> Any:
     """``{"object": "response.input_tokens", "input_tokens": N}``: the prompt tokens the
     chat completion of this body would evaluate (its ``usage.prompt_tokens``)."""
-    _, _, _, _, requests = await chat_request(request)
-    n_tokens = len(requests[0].prompt)
+    chat = await chat_request(request)
+    n_tokens = len(chat.requests[0].prompt)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n_tokens})
